@@ -1,0 +1,134 @@
+"""ModelConfig: every architectural choice of a SWAX model in one dataclass, validated on construction.
+
+The paper (../shared/DESIGN.md section 1) fixes the depth, width, layer ratio and windows; everything it leaves open
+defaults to the xLSTM-7B block (section 3): SwiGLU FFN of width round_up(8/3 d, 64), mLSTM q/k at half width, gate
+soft-cap 15, no biases except the gate pre-activations. Attention heads default to head dim 128.
+
+Decisions:
+- The depth is the `pattern` string tiled over `n_layers` ("SX" x 12 = 24 layers for the 1.4B), so baselines and
+  hybrids are one letter string away: S = sliding-window attention, X = mLSTM, A = full causal attention.
+- `window` is the number of keys a query sees, the current token included (DESIGN.md section 2); it is also the
+  evaluation window. The training-time window is changed per step with `SWAXModel.set_window`, not here.
+- Errors name the field and the allowed range, so a wrong YAML value is found at once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+LAYER_KINDS = {"S": "sliding-window attention", "X": "mLSTM", "A": "full causal attention"}
+
+
+class ConfigError(ValueError):
+    """A configuration value outside its allowed range; the message names the field."""
+
+
+def round_up(x: float, multiple: int) -> int:
+    return int(-(-x // multiple) * multiple)
+
+
+@dataclass
+class ModelConfig:
+    """Architecture of a SWAX language model.
+
+    Args:
+        vocab_size: Number of token ids (at least the tokenizer's vocabulary; round up to a multiple of 64 on GPU).
+        d_model: Residual stream width.
+        n_layers: Number of blocks; a multiple of len(pattern).
+        pattern: Layer kinds tiled over the depth: S = sliding-window attention, X = mLSTM, A = full attention.
+            "SX" is SWAX (SWA first, then mLSTM, 1:1).
+        n_heads: Attention query heads. d_model need not equal n_heads * head_dim, but n_heads must divide d_model
+            when head_dim is left empty.
+        n_kv_heads: Attention key/value heads (GQA); empty = n_heads. Must divide n_heads.
+        head_dim: Attention head dimension; empty = d_model // n_heads.
+        window: Sliding-window size W in keys, the current token included (W >= sequence length = full attention).
+        n_sink: Sink tokens: the first n_sink positions stay visible to every query of an S layer (0 = none).
+        rope_theta: RoPE base; positions are absolute.
+        ffn_dim: SwiGLU hidden width; empty = round_up(8/3 * d_model, 64).
+        mlstm_heads: mLSTM heads (xLSTM-7B: 8).
+        mlstm_qk_factor: q/k width of the mLSTM as a fraction of d_model (xLSTM-7B: 0.5).
+        mlstm_v_factor: v width of the mLSTM as a fraction of d_model (xLSTM-7B: 1.0).
+        gate_soft_cap: mLSTM gate pre-activations are capped as cap * tanh(x / cap); 0 disables.
+        chunk_size: Chunk length of the chunkwise mLSTM form.
+        norm_eps: Epsilon of every RMSNorm.
+        logit_soft_cap: Output logits are capped as cap * tanh(x / cap); 0 disables (xLSTM-7B: 30).
+        tie_embeddings: Share the input embedding and the LM head weights.
+        init_std: Std of the normal init of linear and embedding weights; residual output projections are further
+            scaled by 1 / sqrt(2 * n_layers) (GPT-2).
+        igate_bias_init: Initial bias of the mLSTM input gate (xLSTM-7B: -10).
+        fgate_bias_init: (low, high): the mLSTM forget-gate biases are spread linearly over the heads (xLSTM: 3..6).
+    """
+
+    vocab_size: int = 257
+    d_model: int = 256
+    n_layers: int = 4
+    pattern: str = "SX"
+    n_heads: int = 4
+    n_kv_heads: int | None = None
+    head_dim: int | None = None
+    window: int = 2048
+    n_sink: int = 0
+    rope_theta: float = 10000.0
+    ffn_dim: int | None = None
+    mlstm_heads: int = 4
+    mlstm_qk_factor: float = 0.5
+    mlstm_v_factor: float = 1.0
+    gate_soft_cap: float = 15.0
+    chunk_size: int = 64
+    norm_eps: float = 1e-6
+    logit_soft_cap: float = 30.0
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+    igate_bias_init: float = -10.0
+    fgate_bias_init: tuple[float, float] = field(default=(3.0, 6.0))
+
+    def __post_init__(self) -> None:
+        self.fgate_bias_init = tuple(self.fgate_bias_init)
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "window", "mlstm_heads", "chunk_size"):
+            _require(getattr(self, name) >= 1, name, "must be >= 1", getattr(self, name))
+        _require(self.n_sink >= 0, "n_sink", "must be >= 0", self.n_sink)
+        _require(len(self.pattern) >= 1 and set(self.pattern) <= set(LAYER_KINDS), "pattern",
+                 f"letters must be from {LAYER_KINDS}", self.pattern)
+        _require(self.n_layers % len(self.pattern) == 0, "n_layers",
+                 f"must be a multiple of len(pattern)={len(self.pattern)}", self.n_layers)
+        if self.head_dim is None:
+            _require(self.d_model % self.n_heads == 0, "d_model",
+                     f"must be divisible by n_heads={self.n_heads} (or set head_dim)", self.d_model)
+        else:
+            _require(self.head_dim >= 1 and self.head_dim % 2 == 0, "head_dim", "must be even and >= 2 (RoPE)",
+                     self.head_dim)
+        _require(self.attn_head_dim % 2 == 0, "d_model", "d_model / n_heads must be even (RoPE)", self.d_model)
+        _require(self.n_kv_heads is None or (self.n_kv_heads >= 1 and self.n_heads % self.n_kv_heads == 0),
+                 "n_kv_heads", f"must be >= 1 and divide n_heads={self.n_heads}", self.n_kv_heads)
+        for name in ("mlstm_qk_factor", "mlstm_v_factor"):
+            width = getattr(self, name) * self.d_model
+            _require(width >= self.mlstm_heads and width == int(width) and int(width) % self.mlstm_heads == 0,
+                     name, f"{name} * d_model must be a whole multiple of mlstm_heads={self.mlstm_heads}",
+                     getattr(self, name))
+        for name in ("gate_soft_cap", "logit_soft_cap", "rope_theta", "init_std"):
+            _require(getattr(self, name) >= 0, name, "must be >= 0", getattr(self, name))
+        _require(self.norm_eps > 0, "norm_eps", "must be > 0", self.norm_eps)
+        _require(self.ffn_dim is None or self.ffn_dim >= 1, "ffn_dim", "must be >= 1 or empty", self.ffn_dim)
+        _require(len(self.fgate_bias_init) == 2, "fgate_bias_init", "must be a pair (low, high)",
+                 self.fgate_bias_init)
+
+    @property
+    def layer_kinds(self) -> str:
+        """The pattern tiled over the depth, one letter per block."""
+        return self.pattern * (self.n_layers // len(self.pattern))
+
+    @property
+    def attn_head_dim(self) -> int:
+        return self.head_dim or self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def ffn_width(self) -> int:
+        return self.ffn_dim or round_up(8 / 3 * self.d_model, 64)
+
+
+def _require(ok: bool, name: str, rule: str, value) -> None:
+    if not ok:
+        raise ConfigError(f"ModelConfig.{name} {rule} (got {value!r})")

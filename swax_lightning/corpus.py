@@ -1,0 +1,76 @@
+"""Text sources: the embedded default corpus (present on every machine, no download) and a user's own folder.
+
+The embedded corpus (../shared/DESIGN.md section 10) is the Python standard library itself: its non-test `.py`
+sources (~12 MB of code and docstrings) plus the English prose of the language reference in `pydoc_data.topics`
+(~465k characters). A user's source is a folder (or one file) of .txt, .md, .py files (one document each) and .jsonl
+files (one document per line, from the field "text").
+
+Decisions:
+- Documents are referenced by small picklable strings so that litdata's `optimize` workers can read them.
+- The train/val split is by document, from a stable hash of the document's name: adding files never moves an
+  existing document to the other split, and the held-out text is never trained on.
+- Files that are not valid UTF-8 are skipped (a few stdlib test files are not).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sysconfig
+from pathlib import Path
+from typing import Iterator
+
+EMBEDDED = "embedded"
+TEXT_SUFFIXES = (".txt", ".md", ".py", ".jsonl")
+_TOPIC_PREFIX = "pydoc_data.topics:"
+
+
+def _stdlib_sources() -> list[str]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+    files = [p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts[:-1])
+             and not p.name.startswith("test_")]
+    return sorted(str(p) for p in files)
+
+
+def document_refs(source: str) -> list[str]:
+    """Every readable input of a source: file paths, plus pydoc topic keys for the embedded corpus."""
+    if source == EMBEDDED:
+        from pydoc_data.topics import topics
+
+        return _stdlib_sources() + [_TOPIC_PREFIX + key for key in sorted(topics)]
+    path = Path(source)
+    if not path.exists():
+        raise FileNotFoundError(f"data source not found: {path} (use 'embedded' or a folder of "
+                                f"{', '.join(TEXT_SUFFIXES)} files)")
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES)
+    if not files:
+        raise FileNotFoundError(f"data source {path} holds no {', '.join(TEXT_SUFFIXES)} files")
+    return [str(p) for p in files]
+
+
+def read_documents(ref: str) -> Iterator[tuple[str, str]]:
+    """(name, text) for each document behind one ref; undecodable files yield nothing."""
+    if ref.startswith(_TOPIC_PREFIX):
+        from pydoc_data.topics import topics
+
+        yield ref, topics[ref[len(_TOPIC_PREFIX):]]
+        return
+    try:
+        text = Path(ref).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        return
+    if not ref.endswith(".jsonl"):
+        yield ref, text
+        return
+    for line_no, line in enumerate(text.splitlines()):
+        if line.strip():
+            try:
+                yield f"{ref}:{line_no}", json.loads(line)["text"]
+            except (json.JSONDecodeError, KeyError, TypeError) as err:
+                raise ValueError(f"{ref} line {line_no + 1}: expected a JSON object with a 'text' field") from err
+
+
+def is_validation(name: str, val_fraction: float) -> bool:
+    """Stable document-level split: the same document always lands in the same split."""
+    bucket = int.from_bytes(hashlib.sha1(name.encode()).digest()[:4], "big") / 2 ** 32
+    return bucket < val_fraction

@@ -1,0 +1,65 @@
+"""mLSTM layer (pattern letter X): the xLSTM-7B matrix-memory layer around the cell in kernels/mlstm/.
+
+    q, k = Linear(d, qk_factor * d)        v = Linear(d, v_factor * d)        (no biases)
+    i~, f~ = cap * tanh(Linear(d, H) / cap)   (per-head scalar gates, with biases)
+    h = cell(q, k, v, i~, f~)                the chunkwise form (kernels.mlstm_chunkwise)
+    y = out_proj(MultiHeadRMSNorm(h) * sigmoid(Linear(d, v_factor * d)))
+
+Decisions:
+- Gate pre-activations are computed and soft-capped in fp32 (also under bf16 autocast), so +-30 inputs stay finite.
+- Init as in xLSTM: input-gate bias igate_bias_init (-10: writes start small), forget-gate biases spread linearly
+  over the heads in fgate_bias_init (3..6: from ~50 to ~400 steps of memory).
+- The per-head norm after the cell cancels the cell's normaliser scale; that is why gradients of the cell's forms are
+  compared after this norm (DESIGN.md section 3).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from kernels import mlstm_chunkwise
+from swax_lightning.config import ModelConfig
+from swax_lightning.layers import MultiHeadRMSNorm
+
+
+def soft_cap(x: torch.Tensor, cap: float) -> torch.Tensor:
+    return cap * torch.tanh(x / cap) if cap > 0 else x
+
+
+class MLSTMLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d, self.heads = cfg.d_model, cfg.mlstm_heads
+        self.qk_dim, self.v_dim = int(cfg.mlstm_qk_factor * d), int(cfg.mlstm_v_factor * d)
+        self.gate_soft_cap, self.chunk_size = cfg.gate_soft_cap, cfg.chunk_size
+        self.q_proj = nn.Linear(d, self.qk_dim, bias=False)
+        self.k_proj = nn.Linear(d, self.qk_dim, bias=False)
+        self.v_proj = nn.Linear(d, self.v_dim, bias=False)
+        self.igate = nn.Linear(d, self.heads)
+        self.fgate = nn.Linear(d, self.heads)
+        self.ogate = nn.Linear(d, self.v_dim, bias=False)
+        self.norm = MultiHeadRMSNorm(self.heads, self.v_dim // self.heads, cfg.norm_eps)
+        self.out_proj = nn.Linear(self.v_dim, d, bias=False)
+        self.igate_bias_init, self.fgate_bias_init = cfg.igate_bias_init, cfg.fgate_bias_init
+
+    def reset_gate_biases(self) -> None:
+        with torch.no_grad():
+            self.igate.bias.fill_(self.igate_bias_init)
+            self.fgate.bias.copy_(torch.linspace(*self.fgate_bias_init, self.heads))
+
+    def gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Soft-capped fp32 gate pre-activations (i~, f~), each [B, T, H]."""
+        with torch.autocast(x.device.type, enabled=False):
+            x32 = x.float()
+            i_pre = nn.functional.linear(x32, self.igate.weight.float(), self.igate.bias.float())
+            f_pre = nn.functional.linear(x32, self.fgate.weight.float(), self.fgate.bias.float())
+        return soft_cap(i_pre, self.gate_soft_cap), soft_cap(f_pre, self.gate_soft_cap)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.heads, -1)
+        k = self.k_proj(x).view(B, T, self.heads, -1)
+        v = self.v_proj(x).view(B, T, self.heads, -1)
+        i_pre, f_pre = self.gates(x)
+        h, _ = mlstm_chunkwise(q, k, v, i_pre, f_pre, chunk_size=self.chunk_size)
+        return self.out_proj(self.norm(h).reshape(B, T, self.v_dim) * torch.sigmoid(self.ogate(x)))

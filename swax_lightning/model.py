@@ -1,0 +1,99 @@
+"""SWAXModel: token embedding, pre-norm residual blocks in pattern order, final norm, LM head.
+
+    block(x) = x + mixer(RMSNorm(x));  x + SwiGLU(RMSNorm(x))      mixer = Attention (S, A) or MLSTMLayer (X)
+
+Decisions:
+- One block class for every layer kind; only the mixer differs, chosen by the pattern letter.
+- Plain single-device PyTorch (torchtitan's rule): no distribution, logging or kernel choice in here. Sharding wraps
+  `model.blocks` from outside; kernels are picked in kernels/.
+- `set_window(w)` changes the window of every sliding-window layer at once (one window per step, DESIGN.md section 1).
+- Logits are soft-capped (xLSTM-7B) and returned in fp32 for a stable cross-entropy.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+
+from swax_lightning.config import ModelConfig
+from swax_lightning.mlstm import MLSTMLayer
+from swax_lightning.swa import Attention
+from swax_lightning.layers import MultiHeadRMSNorm, SwiGLU
+
+
+def make_mixer(kind: str, cfg: ModelConfig) -> nn.Module:
+    if kind == "X":
+        return MLSTMLayer(cfg)
+    return Attention(cfg, sliding=(kind == "S"))
+
+
+class Block(nn.Module):
+    def __init__(self, kind: str, cfg: ModelConfig):
+        super().__init__()
+        self.kind = kind
+        self.mixer_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.mixer = make_mixer(kind, cfg)
+        self.ffn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.ffn = SwiGLU(cfg.d_model, cfg.ffn_width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.mixer(self.mixer_norm(x))
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class SWAXModel(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(kind, cfg) for kind in cfg.layer_kinds)
+        self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Normal(init_std) for weights, residual output projections scaled by 1/sqrt(2 n_layers), xLSTM gate
+        biases, ones for norms. Call again after materialising a model built on the meta device."""
+        std = self.cfg.init_std
+        out_std = std / math.sqrt(2 * self.cfg.n_layers)
+        for name, module in self.named_modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                is_out = name.endswith(("out_proj", "ffn.down"))
+                nn.init.normal_(module.weight, std=out_std if is_out else std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, (nn.RMSNorm, MultiHeadRMSNorm)):
+                nn.init.ones_(module.weight)
+        for module in self.modules():
+            if isinstance(module, MLSTMLayer):
+                module.reset_gate_biases()
+
+    def set_window(self, window: int) -> None:
+        """Window of every sliding-window layer (full-attention and mLSTM layers are unaffected)."""
+        if window < 1:
+            raise ValueError(f"window must be >= 1 (got {window})")
+        for module in self.modules():
+            if isinstance(module, Attention):
+                module.set_window(window)
+
+    @property
+    def window(self) -> int | None:
+        """The current window of the sliding-window layers (None when the model has none)."""
+        return next((m.window for m in self.modules() if isinstance(m, Attention) and m.sliding), None)
+
+    def num_params(self, exclude_embedding: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.embed.weight.numel() if exclude_embedding and not self.cfg.tie_embeddings else n
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """idx [B, T] token ids -> logits [B, T, vocab] in fp32."""
+        x = self.embed(idx)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.norm(x)).float()
+        cap = self.cfg.logit_soft_cap
+        return cap * torch.tanh(logits / cap) if cap > 0 else logits

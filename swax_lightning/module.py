@@ -1,0 +1,128 @@
+"""LanguageModule: the LightningModule that trains a SWAXModel on next-token prediction.
+
+Decisions:
+- The model is built in __init__ from a ModelConfig (a YAML section); hyperparameters are saved in every checkpoint.
+- Loss is mean next-token cross-entropy in fp32. Validation and test accumulate a token-weighted mean with
+  torchmetrics (correct under DDP) and report loss, perplexity and bits per byte (the loss divided by ln 2 and by the
+  bytes per token the data module measured on the held-out text).
+- AdamW with linear warmup then cosine decay to min_lr_ratio * lr at max_steps; decay only on matrices (>= 2-D),
+  not on norms, biases or gate biases. Gradient clipping is the Trainer's `gradient_clip_val`.
+- Throughput (tokens/s) comes from Lightning's ThroughputMonitor (see throughput.py), not from this module.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torchmetrics.aggregation import MeanMetric
+
+from swax_lightning.config import ModelConfig
+from swax_lightning.model import SWAXModel
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warmup and cosine decay.
+
+    Args:
+        lr: Peak learning rate.
+        min_lr_ratio: Final learning rate as a fraction of lr (reached at max_steps).
+        warmup_steps: Linear warmup from 0 to lr.
+        weight_decay: Decoupled weight decay on matrices (not on norms and biases).
+        betas: AdamW betas.
+        eps: AdamW epsilon.
+    """
+
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = field(default=(0.9, 0.95))
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        self.betas = tuple(self.betas)
+        if self.lr <= 0:
+            raise ValueError(f"OptimConfig.lr must be > 0 (got {self.lr})")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"OptimConfig.min_lr_ratio must be in [0, 1] (got {self.min_lr_ratio})")
+        if self.warmup_steps < 0:
+            raise ValueError(f"OptimConfig.warmup_steps must be >= 0 (got {self.warmup_steps})")
+
+    def lr_factor(self, step: int, total_steps: int) -> float:
+        """Multiplier of lr at an optimizer step: warmup, then cosine from 1 to min_lr_ratio."""
+        if step < self.warmup_steps:
+            return (step + 1) / (self.warmup_steps + 1)
+        progress = min(1.0, (step - self.warmup_steps) / max(1, total_steps - self.warmup_steps))
+        return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class LanguageModule(L.LightningModule):
+    """Next-token language modelling with a SWAX model.
+
+    Args:
+        arch: The model architecture (ModelConfig fields).
+        optim: Optimizer and learning-rate schedule (OptimConfig fields).
+    """
+
+    def __init__(self, arch: ModelConfig | None = None, optim: OptimConfig | None = None):
+        super().__init__()
+        arch = ModelConfig(**arch) if isinstance(arch, dict) else (arch or ModelConfig())
+        optim = OptimConfig(**optim) if isinstance(optim, dict) else (optim or OptimConfig())
+        self.arch, self.optim = arch, optim
+        self.save_hyperparameters({"arch": asdict(arch), "optim": asdict(optim)})
+        self.model = SWAXModel(arch)
+        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.model(idx)
+
+    def loss(self, batch: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Mean next-token cross-entropy of a [B, T+1] block batch, and the number of predicted tokens."""
+        batch = batch.long()
+        inputs, targets = batch[:, :-1], batch[:, 1:]
+        logits = self.model(inputs)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        return loss, targets.numel()
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        loss, _ = self.loss(batch)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/lr", self.lr_schedulers().get_last_lr()[0])
+        return loss
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        loss, n = self.loss(batch)
+        self.val_loss.update(loss, weight=n)
+
+    def test_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        loss, n = self.loss(batch)
+        self.test_loss.update(loss, weight=n)
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_eval("val", self.val_loss)
+
+    def on_test_epoch_end(self) -> None:
+        self._log_eval("test", self.test_loss)
+
+    def _log_eval(self, stage: str, metric: MeanMetric) -> None:
+        loss = metric.compute()
+        metric.reset()
+        self.log(f"{stage}/loss", loss, prog_bar=True)
+        self.log(f"{stage}/ppl", torch.exp(loss))
+        bytes_per_token = getattr(getattr(self.trainer, "datamodule", None), "meta", {}).get("bytes_per_token")
+        if bytes_per_token:
+            self.log(f"{stage}/bpb", loss / math.log(2) / bytes_per_token)
+
+    def configure_optimizers(self):
+        decay = [p for p in self.parameters() if p.requires_grad and p.dim() >= 2]
+        no_decay = [p for p in self.parameters() if p.requires_grad and p.dim() < 2]
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": self.optim.weight_decay},
+                                 {"params": no_decay, "weight_decay": 0.0}],
+                                lr=self.optim.lr, betas=self.optim.betas, eps=self.optim.eps)
+        total = self.trainer.max_steps if self.trainer.max_steps > 0 else self.trainer.estimated_stepping_batches
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: self.optim.lr_factor(step, int(total)))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

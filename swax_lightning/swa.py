@@ -1,0 +1,50 @@
+"""Attention layer: sliding-window attention with optional sink tokens (pattern letter S), or full causal attention
+(letter A, the same layer with no window).
+
+Decisions:
+- The window is a plain Python attribute (`self.window`), not a buffer or parameter: the window callback changes it
+  between steps with no rebuild and it is never saved in a checkpoint (it is a run-time setting; the config's
+  `window` is the evaluation default). A full-attention layer has window None and ignores set_window.
+- RoPE at absolute positions (DESIGN.md section 2), so a query's relative view is the same at any offset.
+- GQA: n_kv_heads key/value heads shared by groups of query heads.
+- The attention itself is `kernels.sliding_window_attention`: the blocked O(T * W) PyTorch path on CPU, Triton on GPU
+  once it lands. The model never sees which.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from kernels import sliding_window_attention
+from swax_lightning.config import ModelConfig
+from swax_lightning.layers import rope_rotate
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, sliding: bool):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.attn_head_dim
+        self.rope_theta = cfg.rope_theta
+        self.sliding = sliding
+        self.window: int | None = cfg.window if sliding else None
+        self.n_sink = cfg.n_sink if sliding else 0
+        self.q_proj = nn.Linear(cfg.d_model, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.d_model, self.n_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.d_model, self.n_kv_heads * self.head_dim, bias=False)
+        self.out_proj = nn.Linear(self.n_heads * self.head_dim, cfg.d_model, bias=False)
+
+    def set_window(self, window: int) -> None:
+        if self.sliding:
+            self.window = int(window)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        positions = torch.arange(T, device=x.device)
+        q = rope_rotate(self.q_proj(x).view(B, T, self.n_heads, self.head_dim), positions, self.rope_theta)
+        k = rope_rotate(self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim), positions, self.rope_theta)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        out = sliding_window_attention(q, k, v, self.window, self.n_sink)
+        return self.out_proj(out.reshape(B, T, -1))
+
+    def extra_repr(self) -> str:
+        return f"window={self.window}, n_sink={self.n_sink}, heads={self.n_heads}/{self.n_kv_heads}"

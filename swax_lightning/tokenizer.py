@@ -1,0 +1,53 @@
+"""Tokenizers: bytes by default (no file, no download), or any HF `tokenizers` tokenizer.json for real corpora.
+
+Decisions:
+- The byte tokenizer maps UTF-8 bytes to ids 0..255 and adds one end-of-text id (256) that separates documents, so
+  its vocabulary is 257 and bits per byte is simply the loss in bits per token.
+- Both expose the same small interface: encode, decode, vocab_size, eos_id, name. Bits per byte is computed by the
+  data module from the bytes and tokens it wrote, whatever the tokenizer.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class ByteTokenizer:
+    vocab_size = 257
+    eos_id = 256
+    name = "byte"
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+class HFTokenizer:
+    """A tokenizer.json from HF `tokenizers` (e.g. a byte-level BPE trained offline in seconds)."""
+
+    def __init__(self, path: str | Path, eos_token: str | None = None):
+        from tokenizers import Tokenizer
+
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"tokenizer file not found: {path}")
+        self.name = str(path)
+        self._tok = Tokenizer.from_file(str(path))
+        self.vocab_size = self._tok.get_vocab_size()
+        candidates = [eos_token] if eos_token else ["<|endoftext|>", "</s>", "<eos>", "[SEP]"]
+        ids = [self._tok.token_to_id(t) for t in candidates if t and self._tok.token_to_id(t) is not None]
+        if not ids:
+            raise ValueError(f"{path}: no end-of-text token among {candidates}; add one or name it")
+        self.eos_id = ids[0]
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids) -> str:
+        return self._tok.decode(list(ids))
+
+
+def load_tokenizer(spec: str) -> ByteTokenizer | HFTokenizer:
+    """'byte' or a path to a tokenizer.json."""
+    return ByteTokenizer() if spec == "byte" else HFTokenizer(spec)
