@@ -14,6 +14,8 @@ Decisions:
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 import torch.nn as nn
 
@@ -49,7 +51,8 @@ class MLSTMLayer(nn.Module):
 
     def gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Soft-capped fp32 gate pre-activations (i~, f~), each [B, T, H]."""
-        with torch.autocast(x.device.type, enabled=False):
+        no_autocast = torch.autocast(x.device.type, enabled=False) if x.device.type in ("cpu", "cuda") else nullcontext()
+        with no_autocast:
             x32 = x.float()
             i_pre = nn.functional.linear(x32, self.igate.weight.float(), self.igate.bias.float())
             f_pre = nn.functional.linear(x32, self.fgate.weight.float(), self.fgate.bias.float())

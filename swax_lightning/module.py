@@ -91,7 +91,6 @@ class LanguageModule(L.LightningModule):
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         loss, _ = self.loss(batch)
         self.log("train/loss", loss, prog_bar=True)
-        self.log("train/lr", self.lr_schedulers().get_last_lr()[0])
         return loss
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:

@@ -1,0 +1,48 @@
+"""End to end through the command line: fit, then test from the checkpoint; --print_config; bad values named."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _main(*args, cwd):
+    return subprocess.run([sys.executable, str(ROOT / "main.py"), *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600)
+
+
+def _overrides(tmp_path):
+    return ["--config", str(ROOT / "configs/tiny.yaml"), "--data.data_dir", str(tmp_path / "data"),
+            "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), "--trainer.enable_progress_bar", "false"]
+
+
+@pytest.mark.slow
+def test_fit_then_test_from_checkpoint(tmp_path):
+    fit = _main("fit", *_overrides(tmp_path), "--trainer.max_steps", "6", "--trainer.val_check_interval", "3",
+                "--trainer.limit_val_batches", "2", "--data.batch_size", "4", cwd=tmp_path)
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    ckpt = tmp_path / "runs/tiny/version_0/checkpoints/last.ckpt"
+    assert ckpt.exists()
+    assert list((tmp_path / "runs/tiny/version_0").glob("events.out.tfevents.*"))
+    test = _main("test", *_overrides(tmp_path), "--ckpt_path", str(ckpt), "--trainer.limit_test_batches", "2",
+                 cwd=tmp_path)
+    assert test.returncode == 0, test.stderr[-3000:]
+    for metric in ("test/loss", "test/ppl", "test/bpb"):
+        assert metric in test.stdout
+
+
+def test_print_config(tmp_path):
+    out = _main("fit", "--config", str(ROOT / "configs/tiny.yaml"), "--print_config", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "pattern: SX" in out.stdout and "window: 64" in out.stdout and "seq_len: 256" in out.stdout
+
+
+@pytest.mark.parametrize("arg,value,field", [("--model.arch.window", "0", "window"),
+                                             ("--model.arch.pattern", "SXZ", "pattern"),
+                                             ("--model.arch.n_heads", "5", "d_model")])
+def test_bad_config_value_is_named(tmp_path, arg, value, field):
+    out = _main("fit", *_overrides(tmp_path), arg, value, "--trainer.max_steps", "1", cwd=tmp_path)
+    assert out.returncode != 0
+    assert f"ModelConfig.{field}" in out.stderr, out.stderr[-3000:]

@@ -1,0 +1,95 @@
+"""Whole model: causality per pattern, configuration errors, window switching, parameter count."""
+import pytest
+import torch
+
+from swax_lightning.config import ConfigError, ModelConfig
+from swax_lightning.model import SWAXModel
+
+SMALL = dict(vocab_size=50, d_model=32, n_heads=4, mlstm_heads=2, chunk_size=8, window=5)
+
+
+def _model(pattern, n_layers=None, seed=0, **overrides):
+    torch.manual_seed(seed)
+    cfg = ModelConfig(**(SMALL | dict(pattern=pattern, n_layers=n_layers or 2 * len(pattern)) | overrides))
+    return SWAXModel(cfg).double().eval()
+
+
+@pytest.mark.parametrize("pattern,n_sink", [("S", 0), ("S", 2), ("X", 0), ("A", 0), ("SX", 0), ("SX", 2)])
+def test_causality(pattern, n_sink):
+    model = _model(pattern, n_sink=n_sink)
+    idx = torch.randint(0, 50, (2, 29))
+    changed = idx.clone()
+    t = 17
+    changed[:, t] = (changed[:, t] + 1) % 50
+    with torch.no_grad():
+        a, b = model(idx), model(changed)
+    torch.testing.assert_close(a[:, :t], b[:, :t], atol=1e-12, rtol=0)
+    assert (a[:, t:] - b[:, t:]).abs().amax() > 1e-6  # the change does reach the later positions
+
+
+def test_window_reaches_only_what_it_should():
+    # One SWA layer, W = 5: position t's output depends on tokens t-4 .. t only (no sinks).
+    model = _model("S", n_layers=1)
+    idx = torch.randint(0, 50, (1, 20))
+    changed = idx.clone()
+    changed[:, 3] = (changed[:, 3] + 1) % 50
+    with torch.no_grad():
+        a, b = model(idx), model(changed)
+    diff = (a - b).abs().amax(-1)[0]
+    assert (diff[3:8] > 0).all() and (diff[8:] == 0).all() and (diff[:3] == 0).all()
+    model.set_window(6)
+    with torch.no_grad():
+        diff6 = (model(idx) - model(changed)).abs().amax(-1)[0]
+    assert diff6[8] > 0 and model.window == 6
+
+
+def test_window_at_least_T_equals_full_attention():
+    swa, full = _model("S", n_sink=3), _model("A")
+    full.load_state_dict(swa.state_dict())
+    idx = torch.randint(0, 50, (2, 24))
+    swa.set_window(24)
+    with torch.no_grad():
+        torch.testing.assert_close(swa(idx), full(idx), atol=1e-12, rtol=0)
+    full.set_window(3)  # full-attention layers ignore the window
+    assert full.window is None
+
+
+def test_param_count_and_tied_embeddings():
+    model = _model("SX")
+    assert model.num_params() == sum(p.numel() for p in model.parameters())
+    tied = _model("SX", tie_embeddings=True)
+    assert model.num_params() - tied.num_params() == 50 * 32
+    assert model.num_params(exclude_embedding=True) == model.num_params() - 50 * 32
+    assert "".join(b.kind for b in model.blocks) == "SXSX"
+
+
+def test_bf16_autocast_forward_backward_finite():
+    torch.manual_seed(0)
+    model = SWAXModel(ModelConfig(**SMALL, pattern="SX", n_layers=2))
+    idx = torch.randint(0, 50, (2, 19))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(idx)
+    assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
+    logits.logsumexp(-1).mean().backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("d_model", 30),          # not divisible by n_heads = 4
+    ("pattern", "SXQ"),       # unknown letter
+    ("pattern", ""),
+    ("window", 0),
+    ("n_sink", -1),
+    ("n_layers", 3),          # not a multiple of len("SX")
+    ("n_kv_heads", 3),        # does not divide n_heads
+    ("mlstm_heads", 3),       # does not divide the q/k width
+    ("norm_eps", 0.0),
+])
+def test_bad_config_names_the_field(field, value):
+    with pytest.raises(ConfigError, match=rf"ModelConfig\.{field}\b|{field}"):
+        ModelConfig(**(SMALL | {"n_layers": 2, field: value}))
+
+
+def test_set_window_rejects_bad_value():
+    with pytest.raises(ValueError, match="window"):
+        _model("SX").set_window(0)
