@@ -1,20 +1,19 @@
-"""Command line of swax-lightning: LightningCLI over LanguageModule and TextDataModule.
+"""Command line of swax-lightning: LightningCLI over LanguageModule and TextDataModule (see swax_lightning/cli.py).
 
     python main.py fit  --config configs/tiny.yaml
-    python main.py test --config configs/tiny.yaml --ckpt_path runs/tiny/version_0/checkpoints/last.ckpt
+    python main.py test --config configs/tiny.yaml --ckpt_path runs/tiny/swax/checkpoints/last.ckpt
     python main.py fit  --config configs/tiny.yaml --print_config
 
-Every field of the YAML is a documented argument of LanguageModule (model:), TextDataModule (data:) or the Trainer.
+Every field of a YAML file is a documented argument of LanguageModule (model:), TextDataModule (data:), the
+StochasticWindow callback (window:) or Lightning's Trainer (trainer:).
 """
-from lightning.pytorch.cli import LightningCLI
-
+from swax_lightning.cli import SwaxCLI
 from swax_lightning.data import TextDataModule
 from swax_lightning.module import LanguageModule
 
 
 def main() -> None:
-    LightningCLI(LanguageModule, TextDataModule, seed_everything_default=0,
-                 save_config_kwargs={"overwrite": True})
+    SwaxCLI(LanguageModule, TextDataModule, seed_everything_default=0, save_config_kwargs={"overwrite": True})
 
 
 if __name__ == "__main__":

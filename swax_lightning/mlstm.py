@@ -47,7 +47,7 @@ class MLSTMLayer(nn.Module):
     def reset_gate_biases(self) -> None:
         with torch.no_grad():
             self.igate.bias.fill_(self.igate_bias_init)
-            self.fgate.bias.copy_(torch.linspace(*self.fgate_bias_init, self.heads))
+            self.fgate.bias.copy_(torch.linspace(*self.fgate_bias_init, self.heads, device=self.fgate.bias.device))
 
     def gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Soft-capped fp32 gate pre-activations (i~, f~), each [B, T, H]."""

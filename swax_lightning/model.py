@@ -56,11 +56,17 @@ class SWAXModel(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """Normal(init_std) for weights, residual output projections scaled by 1/sqrt(2 n_layers), xLSTM gate
-        biases, ones for norms. Call again after materialising a model built on the meta device."""
+        """(Re)initialise every weight; see init_weights."""
+        self.init_weights(self)
+
+    @torch.no_grad()
+    def init_weights(self, root: nn.Module) -> None:
+        """Initialise the weights under `root` (the model or one of its parts): normal(init_std), residual output
+        projections scaled by 1/sqrt(2 n_layers), zero biases, xLSTM gate biases, ones for norms. Sharded training
+        materialises and initialises the model part by part with this (swax_lightning/parallel.py)."""
         std = self.cfg.init_std
         out_std = std / math.sqrt(2 * self.cfg.n_layers)
-        for name, module in self.named_modules():
+        for name, module in root.named_modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 is_out = name.endswith(("out_proj", "ffn.down"))
                 nn.init.normal_(module.weight, std=out_std if is_out else std)
@@ -68,7 +74,7 @@ class SWAXModel(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, (nn.RMSNorm, MultiHeadRMSNorm)):
                 nn.init.ones_(module.weight)
-        for module in self.modules():
+        for module in root.modules():  # after the generic pass, which zeroes every bias
             if isinstance(module, MLSTMLayer):
                 module.reset_gate_biases()
 

@@ -1,7 +1,8 @@
 """LanguageModule: the LightningModule that trains a SWAXModel on next-token prediction.
 
 Decisions:
-- The model is built in __init__ from a ModelConfig (a YAML section); hyperparameters are saved in every checkpoint.
+- The model is built in configure_model() from a ModelConfig (a YAML section), so that a sharded run can build it on
+  the meta device and shard it (parallel.py); hyperparameters are saved in every checkpoint.
 - Loss is mean next-token cross-entropy in fp32. Validation and test accumulate a token-weighted mean with
   torchmetrics (correct under DDP) and report loss, perplexity and bits per byte (the loss divided by ln 2 and by the
   bytes per token the data module measured on the held-out text).
@@ -15,12 +16,14 @@ import math
 from dataclasses import asdict, dataclass, field
 
 import lightning as L
+from lightning.pytorch.strategies import ModelParallelStrategy
 import torch
 import torch.nn.functional as F
 from torchmetrics.aggregation import MeanMetric
 
 from swax_lightning.config import ModelConfig
 from swax_lightning.model import SWAXModel
+from swax_lightning.parallel import build_local, build_sharded
 
 
 @dataclass
@@ -66,16 +69,41 @@ class LanguageModule(L.LightningModule):
     Args:
         arch: The model architecture (ModelConfig fields).
         optim: Optimizer and learning-rate schedule (OptimConfig fields).
+        activation_checkpointing: Recompute each block's activations in the backward pass (saves memory).
+        compile: torch.compile each block.
     """
 
-    def __init__(self, arch: ModelConfig | None = None, optim: OptimConfig | None = None):
+    def __init__(self, arch: ModelConfig | None = None, optim: OptimConfig | None = None,
+                 activation_checkpointing: bool = False, compile: bool = False):
         super().__init__()
         arch = ModelConfig(**arch) if isinstance(arch, dict) else (arch or ModelConfig())
         optim = OptimConfig(**optim) if isinstance(optim, dict) else (optim or OptimConfig())
         self.arch, self.optim = arch, optim
-        self.save_hyperparameters({"arch": asdict(arch), "optim": asdict(optim)})
-        self.model = SWAXModel(arch)
+        self.activation_checkpointing, self.compile_blocks = activation_checkpointing, compile
+        self.save_hyperparameters({"arch": asdict(arch), "optim": asdict(optim),
+                                   "activation_checkpointing": activation_checkpointing, "compile": compile})
+        self.model: SWAXModel | None = None
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
+        # The weights are drawn from the CPU RNG state of this moment (right after seed_everything), not from whatever
+        # data preparation left behind by the time configure_model runs: same seed, same initial model.
+        self._init_rng_state = torch.get_rng_state()
+
+    def configure_model(self) -> None:
+        """Builds the model (once): sharded with FSDP2 under ModelParallelStrategy, whole otherwise."""
+        if self.model is not None:
+            return
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        wrappers = dict(activation_checkpointing=self.activation_checkpointing, compile_blocks=self.compile_blocks)
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(self._init_rng_state)
+            if isinstance(strategy, ModelParallelStrategy):
+                self.model = build_sharded(self.arch, self.device_mesh["data_parallel"], strategy.root_device,
+                                           **wrappers)
+            else:
+                self.model = build_local(self.arch, **wrappers)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.configure_model()  # load_from_checkpoint outside a Trainer never calls configure_model
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)
@@ -110,11 +138,11 @@ class LanguageModule(L.LightningModule):
     def _log_eval(self, stage: str, metric: MeanMetric) -> None:
         loss = metric.compute()
         metric.reset()
-        self.log(f"{stage}/loss", loss, prog_bar=True)
-        self.log(f"{stage}/ppl", torch.exp(loss))
+        self.log(f"{stage}/loss", loss, prog_bar=True, sync_dist=True)  # already reduced: silences the warning
+        self.log(f"{stage}/ppl", torch.exp(loss), sync_dist=True)
         bytes_per_token = getattr(getattr(self.trainer, "datamodule", None), "meta", {}).get("bytes_per_token")
         if bytes_per_token:
-            self.log(f"{stage}/bpb", loss / math.log(2) / bytes_per_token)
+            self.log(f"{stage}/bpb", loss / math.log(2) / bytes_per_token, sync_dist=True)
 
     def configure_optimizers(self):
         decay = [p for p in self.parameters() if p.requires_grad and p.dim() >= 2]

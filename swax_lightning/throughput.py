@@ -12,6 +12,7 @@ import torch
 from lightning.fabric.utilities.throughput import measure_flops
 from lightning.pytorch.callbacks import ThroughputMonitor
 
+from swax_lightning.config import ModelConfig
 from swax_lightning.model import SWAXModel
 
 
@@ -23,11 +24,10 @@ def _tokens(batch) -> int:
     return batch.shape[0] * (batch.shape[1] - 1)
 
 
-def flops_per_batch(model: SWAXModel, batch_size: int, seq_len: int) -> int:
-    """Forward + backward FLOPs of one [batch_size, seq_len] batch, counted on the meta device."""
+def flops_per_batch(cfg: ModelConfig, batch_size: int, seq_len: int) -> int:
+    """Forward + backward FLOPs of one [batch_size, seq_len] batch at the config's window, counted on meta."""
     with torch.device("meta"):
-        meta = SWAXModel(model.cfg)
-        meta.set_window(model.window or model.cfg.window)
+        meta = SWAXModel(cfg)
         idx = torch.zeros(batch_size, seq_len, dtype=torch.long)
     return measure_flops(meta, lambda: meta(idx), lambda logits: logits.sum())
 
@@ -41,5 +41,5 @@ class TokenThroughput(ThroughputMonitor):
     def setup(self, trainer, pl_module, stage: str) -> None:
         data = trainer.datamodule
         if getattr(pl_module, "flops_per_batch", None) is None and hasattr(data, "seq_len"):
-            pl_module.flops_per_batch = flops_per_batch(pl_module.model, data.batch_size, data.seq_len)
+            pl_module.flops_per_batch = flops_per_batch(pl_module.arch, data.batch_size, data.seq_len)
         super().setup(trainer, pl_module, stage)

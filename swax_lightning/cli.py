@@ -1,0 +1,52 @@
+"""SwaxCLI: LightningCLI with the window schedule and run naming that every swax-lightning run shares.
+
+- `window:` (a YAML section) configures the StochasticWindow callback, always installed: a fixed window, the
+  paper's stochastic mix, or empty for the model's own window.
+- `experiment:` and `arm:` name the run: a TensorBoardLogger then writes to runs/<experiment>/<arm>/ (its save_dir,
+  then name = experiment, version = arm), so `tensorboard --logdir runs` lines the arms of a study up side by side,
+  and a rerun or resume of an arm continues in the same folder.
+- After `fit`, the run's settings (model, data, window schedule) and its final validation metrics are written as one
+  TensorBoard HPARAMS entry (hp/val_loss, hp/val_bpb), so the HPARAMS tab compares arms by their settings. Set the
+  logger's default_hp_metric to false to keep Lightning's placeholder hp_metric out of it.
+"""
+from __future__ import annotations
+
+from lightning.pytorch.cli import LightningCLI
+
+from swax_lightning.window import StochasticWindow
+
+
+class SwaxCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_lightning_class_args(StochasticWindow, "window")
+        parser.add_argument("--experiment", type=str | None, default=None,
+                            help="Study name: TensorBoard runs go to <save_dir>/<experiment>/<arm>/")
+        parser.add_argument("--arm", type=str | None, default=None,
+                            help="Arm of the study (e.g. w128, stochastic_p0.5): the run's folder name")
+
+    def before_instantiate_classes(self) -> None:
+        cfg = self.config[self.subcommand] if self.subcommand else self.config
+        logger = cfg.trainer.get("logger")
+        if cfg.get("experiment") and getattr(logger, "class_path", "").endswith("TensorBoardLogger"):
+            logger.init_args.name = cfg.experiment
+            logger.init_args.version = cfg.arm or "default"
+
+    def after_fit(self) -> None:
+        logger = self.trainer.logger
+        if logger is None:
+            return
+        cfg = _without_paths(self.config[self.subcommand].as_dict())
+        params = {key: cfg.get(key) for key in ("experiment", "arm", "seed_everything", "model", "data", "window")}
+        params["trainer"] = {k: cfg["trainer"].get(k) for k in ("max_steps", "precision", "accumulate_grad_batches")}
+        found = self.trainer.callback_metrics
+        metrics = {f"hp/{name.replace('val/', 'val_')}": float(found[name]) for name in ("val/loss", "val/bpb")
+                   if name in found}
+        logger.log_hyperparams(params, metrics=metrics or None)
+        logger.finalize("success")  # the Trainer already closed the writer; flush the one this call reopened
+
+
+def _without_paths(cfg):
+    """The config as plain data, without jsonargparse's `__path__` entries (where nested files came from)."""
+    if isinstance(cfg, dict):
+        return {k: _without_paths(v) for k, v in cfg.items() if k != "__path__"}
+    return cfg
