@@ -1,7 +1,7 @@
 """Command line of swax-lightning: LightningCLI over LanguageModule and TextDataModule (see swax_lightning/cli.py).
 
     python main.py fit  --config configs/tiny.yaml
-    python main.py test --config configs/tiny.yaml --ckpt_path runs/tiny/swax/checkpoints/last.ckpt
+    python main.py test --config configs/tiny.yaml --ckpt_path runs/tiny/w64/checkpoints/last.ckpt
     python main.py fit  --config configs/tiny.yaml --print_config
 
 Every field of a YAML file is a documented argument of LanguageModule (model:), TextDataModule (data:), the

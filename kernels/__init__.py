@@ -5,15 +5,19 @@ implementation themselves. Each kernel lives beside its slow reference (flash-li
     kernels/swa/naive.py      dense masked SDPA, O(T^2): the test reference
     kernels/swa/blocked.py    blocked local attention in PyTorch, O(T * W): the CPU / autograd path
     kernels/mlstm/naive.py    parallel (quadratic) and recurrent-step forms: references and the decode step
+    kernels/swa/triton.py     Triton forward + backward, O(T * W): the GPU path
     kernels/mlstm/chunk.py    chunkwise form in PyTorch, O(T * chunk): the CPU / autograd path
+    kernels/mlstm/triton.py   chunkwise Triton forward + backward with state in and out: the GPU path
 The backend is chosen per call from the environment variable SWAX_KERNELS:
-    auto (default)  the fastest implementation available for the tensor's device
-    torch           always the PyTorch paths above
-    triton          the Triton kernels (an error until they exist for the operation)
-Today every operation has only its PyTorch path; the Triton kernels plug in by adding an entry to _TRITON below.
+    auto (default)  Triton for CUDA tensors where a Triton kernel exists, PyTorch otherwise
+    torch           always the PyTorch paths
+    triton          always Triton (CPU tensors need TRITON_INTERPRET=1 set before triton is imported: the
+                    interpreter, for tests)
+Triton modules are imported on first use, so CPU-only runs never import triton.
 """
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Callable
 
@@ -23,7 +27,10 @@ from kernels.swa.blocked import swa_blocked
 from kernels.swa.naive import sliding_window_mask, swa_reference
 
 BACKENDS = ("auto", "torch", "triton")
-_TRITON: dict[str, Callable] = {}  # operation name -> Triton implementation (for CUDA tensors)
+_TRITON = {  # operation -> (module, function) of its Triton kernel
+    "swa": ("kernels.swa.triton", "swa_triton"),
+    "mlstm": ("kernels.mlstm.triton", "mlstm_chunkwise_triton"),
+}
 
 
 def backend() -> str:
@@ -34,14 +41,17 @@ def backend() -> str:
     return choice
 
 
+def _triton_impl(op: str) -> Callable:
+    module, name = _TRITON[op]
+    return getattr(importlib.import_module(module), name)
+
+
 def _pick(op: str, torch_impl: Callable, is_cuda: bool) -> Callable:
     choice = backend()
     if choice == "torch":
         return torch_impl
-    if op in _TRITON and (is_cuda or choice == "triton"):
-        return _TRITON[op]
-    if choice == "triton":
-        raise NotImplementedError(f"SWAX_KERNELS=triton: no Triton kernel for {op!r} yet; use auto or torch")
+    if is_cuda or choice == "triton":
+        return _triton_impl(op)
     return torch_impl
 
 

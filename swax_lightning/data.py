@@ -71,6 +71,7 @@ class TextDataModule(L.LightningDataModule):
                  seq_len: int = 512, batch_size: int = 16, val_fraction: float = 0.02, num_workers: int = 0,
                  seed: int = 0):
         super().__init__()
+        self.save_hyperparameters()  # kept in checkpoints: inference finds the tokenizer there
         if seq_len < 1:
             raise ValueError(f"TextDataModule.seq_len must be >= 1 (got {seq_len})")
         if batch_size < 1:

@@ -14,11 +14,11 @@ import torch.nn.functional as F
 
 
 def rope_rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding of x [B, T, H, D] at absolute positions [T] (rotate-half layout), computed in fp32."""
+    """Rotary embedding of x [B, T, H, D] at absolute positions [T] or [B, T] (rotate-half layout), in fp32."""
     d = x.shape[-1]
     inv_freq = theta ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
-    angles = positions.to(torch.float32)[:, None] * inv_freq                 # [T, D/2]
-    cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]            # [T, 1, D/2]
+    angles = positions.to(torch.float32)[..., None] * inv_freq               # [(B,) T, D/2]
+    cos, sin = angles.cos()[..., None, :], angles.sin()[..., None, :]        # [(B,) T, 1, D/2]
     x1, x2 = x.float().chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 

@@ -11,6 +11,8 @@ Decisions:
   over the heads in fgate_bias_init (3..6: from ~50 to ~400 steps of memory).
 - The per-head norm after the cell cancels the cell's normaliser scale; that is why gradients of the cell's forms are
   compared after this norm (DESIGN.md section 3).
+- Streaming inference passes an MLSTMCache: a chunk continues from its state with the chunkwise form, a single token
+  with the recurrent step. Padding tokens (positions < 0) get input gate 0 and forget gate 1: the state stays as is.
 """
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ from contextlib import nullcontext
 import torch
 import torch.nn as nn
 
-from kernels import mlstm_chunkwise
+from kernels import MLSTMState, mlstm_chunkwise, mlstm_step
+from kernels.mlstm.naive import fp32
+from swax_lightning.cache import MLSTMCache
 from swax_lightning.config import ModelConfig
 from swax_lightning.layers import MultiHeadRMSNorm
 
@@ -53,16 +57,33 @@ class MLSTMLayer(nn.Module):
         """Soft-capped fp32 gate pre-activations (i~, f~), each [B, T, H]."""
         no_autocast = torch.autocast(x.device.type, enabled=False) if x.device.type in ("cpu", "cuda") else nullcontext()
         with no_autocast:
-            x32 = x.float()
-            i_pre = nn.functional.linear(x32, self.igate.weight.float(), self.igate.bias.float())
-            f_pre = nn.functional.linear(x32, self.fgate.weight.float(), self.fgate.bias.float())
+            x32 = fp32(x)
+            i_pre = nn.functional.linear(x32, fp32(self.igate.weight), fp32(self.igate.bias))
+            f_pre = nn.functional.linear(x32, fp32(self.fgate.weight), fp32(self.fgate.bias))
         return soft_cap(i_pre, self.gate_soft_cap), soft_cap(f_pre, self.gate_soft_cap)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def new_cache(self, batch: int, dtype: torch.dtype, device) -> MLSTMCache:
+        like = torch.empty(0, dtype=torch.float64 if dtype == torch.float64 else torch.float32, device=device)
+        return MLSTMCache(MLSTMState.zeros(batch, self.heads, self.qk_dim // self.heads, self.v_dim // self.heads,
+                                           like=like))
+
+    def forward(self, x: torch.Tensor, cache: MLSTMCache | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.heads, -1)
         k = self.k_proj(x).view(B, T, self.heads, -1)
         v = self.v_proj(x).view(B, T, self.heads, -1)
         i_pre, f_pre = self.gates(x)
-        h, _ = mlstm_chunkwise(q, k, v, i_pre, f_pre, chunk_size=self.chunk_size)
+        if cache is None:
+            h, _ = mlstm_chunkwise(q, k, v, i_pre, f_pre, chunk_size=self.chunk_size)
+        else:
+            if positions is not None:  # padding leaves the state unchanged
+                pad = (positions < 0)[..., None]
+                i_pre = i_pre.masked_fill(pad, float("-inf"))
+                f_pre = f_pre.masked_fill(pad, float("inf"))
+            if T == 1:
+                h, cache.state = mlstm_step(q[:, 0], k[:, 0], v[:, 0], i_pre[:, 0], f_pre[:, 0], cache.state)
+                h = h[:, None].to(v.dtype)
+            else:
+                h, cache.state = mlstm_chunkwise(q, k, v, i_pre, f_pre, cache.state, self.chunk_size)
         return self.out_proj(self.norm(h).reshape(B, T, self.v_dim) * torch.sigmoid(self.ogate(x)))

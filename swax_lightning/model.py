@@ -6,8 +6,11 @@ Decisions:
 - One block class for every layer kind; only the mixer differs, chosen by the pattern letter.
 - Plain single-device PyTorch (torchtitan's rule): no distribution, logging or kernel choice in here. Sharding wraps
   `model.blocks` from outside; kernels are picked in kernels/.
-- `set_window(w)` changes the window of every sliding-window layer at once (one window per step, DESIGN.md section 1).
-- Logits are soft-capped (xLSTM-7B) and returned in fp32 for a stable cross-entropy.
+- `set_window(w)` changes the window of every sliding-window layer at once (one window per step, DESIGN.md section 1);
+  `set_sinks(n)` their sink count (an inference-time override).
+- The same forward serves streaming inference when given per-block caches and positions (swax_lightning/cache.py,
+  swax_lightning/inference.py).
+- Logits are soft-capped (xLSTM-7B) and returned in fp32 (fp64 for an fp64 model) for a stable cross-entropy.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import math
 import torch
 import torch.nn as nn
 
+from kernels.mlstm.naive import fp32
 from swax_lightning.config import ModelConfig
 from swax_lightning.mlstm import MLSTMLayer
 from swax_lightning.swa import Attention
@@ -37,8 +41,8 @@ class Block(nn.Module):
         self.ffn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.ffn = SwiGLU(cfg.d_model, cfg.ffn_width)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.mixer(self.mixer_norm(x))
+    def forward(self, x: torch.Tensor, cache=None, positions: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.mixer(self.mixer_norm(x), cache, positions)
         return x + self.ffn(self.ffn_norm(x))
 
 
@@ -95,11 +99,26 @@ class SWAXModel(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.embed.weight.numel() if exclude_embedding and not self.cfg.tie_embeddings else n
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """idx [B, T] token ids -> logits [B, T, vocab] in fp32."""
+    def set_sinks(self, n_sink: int) -> None:
+        """Sink-token count of every sliding-window layer (an inference-time override)."""
+        if n_sink < 0:
+            raise ValueError(f"n_sink must be >= 0 (got {n_sink})")
+        for module in self.modules():
+            if isinstance(module, Attention):
+                module.set_sinks(n_sink)
+
+    def new_caches(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> list:
+        """Empty inference state, one per block, for the current window and sink settings."""
+        device = device or self.embed.weight.device
+        return [block.mixer.new_cache(batch, dtype, device) for block in self.blocks]
+
+    def forward(self, idx: torch.Tensor, caches: list | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+        """idx [B, T] token ids -> logits [B, T, vocab] in fp32. Streaming: per-block caches (new_caches) and the
+        tokens' absolute positions [B, T] (negative for left padding); the caches are updated in place."""
         x = self.embed(idx)
-        for block in self.blocks:
-            x = block(x)
-        logits = self.lm_head(self.norm(x)).float()
+        for i, block in enumerate(self.blocks):
+            x = block(x, None if caches is None else caches[i], positions)
+        logits = fp32(self.lm_head(self.norm(x)))
         cap = self.cfg.logit_soft_cap
         return cap * torch.tanh(logits / cap) if cap > 0 else logits

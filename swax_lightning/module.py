@@ -103,6 +103,12 @@ class LanguageModule(L.LightningModule):
                 self.model = build_local(self.arch, **wrappers)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        saved = checkpoint.get("hyper_parameters", {}).get("arch")
+        if saved is not None and ModelConfig(**saved) != self.arch:
+            diff = {k: (v, getattr(self.arch, k)) for k, v in ModelConfig(**saved).__dict__.items()
+                    if getattr(self.arch, k) != v}
+            raise ValueError(f"the checkpoint was trained with another model config; differing fields "
+                             f"(checkpoint, configured): {diff}")
         self.configure_model()  # load_from_checkpoint outside a Trainer never calls configure_model
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,8 @@ Decisions:
 - GQA: n_kv_heads key/value heads shared by groups of query heads.
 - The attention itself is `kernels.sliding_window_attention`: the blocked O(T * W) PyTorch path on CPU, Triton on GPU
   once it lands. The model never sees which.
+- Streaming inference passes a cache (cache.py) and the tokens' absolute positions; the cache then holds the keys
+  and values the chunk needs, and nothing else changes.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from kernels import sliding_window_attention
+from swax_lightning.cache import FullKVCache, WindowKVCache
 from swax_lightning.config import ModelConfig
 from swax_lightning.layers import rope_rotate
 
@@ -37,13 +40,28 @@ class Attention(nn.Module):
         if self.sliding:
             self.window = int(window)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def set_sinks(self, n_sink: int) -> None:
+        if self.sliding:
+            self.n_sink = int(n_sink)
+
+    def new_cache(self, batch: int, dtype: torch.dtype, device) -> WindowKVCache | FullKVCache:
+        if self.sliding:
+            return WindowKVCache(batch, self.window, self.n_sink, self.n_kv_heads, self.head_dim, dtype, device)
+        return FullKVCache(batch, self.n_kv_heads, self.head_dim, dtype, device)
+
+    def forward(self, x: torch.Tensor, cache: WindowKVCache | FullKVCache | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, T, d]. Training: no cache, positions 0 .. T-1. Streaming: a cache and positions [B, T]."""
         B, T, _ = x.shape
-        positions = torch.arange(T, device=x.device)
+        if positions is None:
+            positions = torch.arange(T, device=x.device)
         q = rope_rotate(self.q_proj(x).view(B, T, self.n_heads, self.head_dim), positions, self.rope_theta)
         k = rope_rotate(self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim), positions, self.rope_theta)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
-        out = sliding_window_attention(q, k, v, self.window, self.n_sink)
+        if cache is None:
+            out = sliding_window_attention(q, k, v, self.window, self.n_sink)
+        else:
+            out = cache.attend(q, k, v, positions)
         return self.out_proj(out.reshape(B, T, -1))
 
     def extra_repr(self) -> str:

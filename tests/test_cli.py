@@ -23,9 +23,9 @@ def test_fit_then_test_from_checkpoint(tmp_path):
     fit = _main("fit", *_overrides(tmp_path), "--trainer.max_steps", "6", "--trainer.val_check_interval", "3",
                 "--trainer.limit_val_batches", "2", "--data.batch_size", "4", cwd=tmp_path)
     assert fit.returncode == 0, fit.stderr[-3000:]
-    ckpt = tmp_path / "runs/tiny/swax/checkpoints/last.ckpt"
+    ckpt = tmp_path / "runs/tiny/w64/checkpoints/last.ckpt"
     assert ckpt.exists()
-    assert list((tmp_path / "runs/tiny/swax").glob("events.out.tfevents.*"))
+    assert list((tmp_path / "runs/tiny/w64").glob("events.out.tfevents.*"))
     test = _main("test", *_overrides(tmp_path), "--ckpt_path", str(ckpt), "--trainer.limit_test_batches", "2",
                  cwd=tmp_path)
     assert test.returncode == 0, test.stderr[-3000:]

@@ -99,3 +99,13 @@ def test_gradients_agree_after_per_head_norm():
     for other in grads[1:]:
         for a, b in zip(other, grads[0]):
             torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-7)
+
+
+def test_steps_with_input_gate_zero_and_forget_gate_one_leave_the_state_unchanged():
+    # Left padding in batched inference: whole chunks of such steps must be exact no-ops, with no nan.
+    q, k, v, i_pre, f_pre = _inputs(40)
+    _, state = mlstm_chunkwise(q[:, :9], k[:, :9], v[:, :9], i_pre[:, :9], f_pre[:, :9], chunk_size=4)
+    pad_i, pad_f = torch.full_like(i_pre, float("-inf")), torch.full_like(f_pre, float("inf"))
+    h, after = mlstm_chunkwise(q, k, v, pad_i, pad_f, state, chunk_size=4)
+    assert torch.isfinite(h).all()
+    _assert_states_close(after, state, atol=0, rtol=0)

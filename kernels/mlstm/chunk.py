@@ -11,7 +11,8 @@ Cost O(T * L) for the intra part plus O(T / L) state updates: linear in T.
 
 Decisions:
 - T need not be a multiple of L: the tail is padded with forget gate 1 (log 0) and input gate 0 (log -inf), which
-  leaves the state unchanged, and the padded outputs are dropped.
+  leaves the state unchanged, and the padded outputs are dropped. A chunk made only of such steps (left padding in
+  batched inference) contributes exactly nothing.
 - The state entering every chunk is materialised ([B, H, T/L, DQK, DV]); that is what autograd needs for backward.
 - fp32 throughout for gates and state; the output has v's dtype.
 """
@@ -44,8 +45,9 @@ def mlstm_chunkwise(q, k, v, i_pre, f_pre, initial_state: MLSTMState | None = No
 
     # Each chunk's own contribution to the state at its end, stabilised by its local max.
     w_end = b[..., -1:] - b + i_pre                           # log-weight of step s at the chunk's end
-    m_local = w_end.amax(dim=-1)                              # [B, H, nc]
-    w = torch.exp(w_end - m_local[..., None])[..., None] * k  # [B, H, nc, L, DQK]
+    m_local = w_end.amax(dim=-1)                              # [B, H, nc]; -inf for a chunk with no input
+    m_safe = torch.where(torch.isinf(m_local), torch.zeros_like(m_local), m_local)  # avoids -inf - -inf = nan
+    w = torch.exp(w_end - m_safe[..., None])[..., None] * k   # [B, H, nc, L, DQK]
     C_local, n_local = w.transpose(-1, -2) @ v, w.sum(dim=-2)
 
     # Sequential scan over chunks: the state entering each chunk.

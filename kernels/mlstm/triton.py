@@ -1,0 +1,334 @@
+"""Chunkwise mLSTM cell in Triton: forward and backward, state in and out. Written from the equations in naive.py.
+
+Forward (chunks of L steps; b_t = cumulative log forget gate inside a chunk, g = b_{L-1}):
+1. `_fwd_states_kernel`, one program per (batch*head, DQK tile, DV tile), a loop over the chunks in order: stores
+   the stabilised state (C, n, m) entering every chunk, then folds the chunk in:
+       m' = max(g + m, max_s(g - b_s + i_s)),  C' = exp(g + m - m') C + sum_s exp(g - b_s + i_s - m') k_s v_s^T.
+2. `_fwd_output_kernel`, one program per (chunk, batch*head, DV tile), all chunks in parallel:
+       log_d[t, s] = b_t - b_s + i_s (s <= t),  m_t = max(max_s log_d[t, s], b_t + m_in),
+       h_t = (sum_s e^{log_d - m_t} (q_t.k_s) v_s + e^{b_t + m_in - m_t} q_t C_in) / N_t,
+       N_t = max(|sum_s e^{log_d - m_t} (q_t.k_s) + e^{b_t + m_in - m_t} q_t.n_in|, e^{-m_t}) + eps.
+   It saves m_t and N_t for the backward.
+
+Backward. The stabiliser m and the normaliser N_t are treated as constants: h is invariant to m, and the per-head
+norm that follows the cell in every mLSTM layer cancels N_t (../shared/DESIGN.md section 3), so gradients agree with
+the reference after that norm. With a_ts = e^{F_t - F_s + i_s - m_t} / N_t:
+    dq_t = sum_s a_ts (dh_t.v_s) k_s + e_t C_in^T dh_t,    dk_s = sum_t a_ts (dh_t.v_s) q_t + w_s dC_end v_s,
+    dv_s = sum_t a_ts (q_t.k_s) dh_t + w_s dC_end^T k_s,
+where dC_end (the gradient reaching the state at a chunk's end) comes from `_bwd_dstates_kernel`, a reverse loop over
+chunks. The gate gradients need no kernel: the pair log-weight is F_t - F_s + i_s, so
+    d i~_s = k_s . dk_s,   dF_u = q_u . dq_u - k_u . dk_u,   d log f_j = sum_{u >= j} dF_u,   d f~ = d log f * sigmoid(-f~).
+The final state is an output without gradient; an initial state is an input without gradient (streaming inference).
+
+Block sizes: chunk L (the layer's chunk_size: a power of two, 16..128), DQK and DV tiles of 64 (head dims up to 256 for
+q/k and 512 for v are tiled). Loads are upcast to fp32 at once (the interpreter mishandles bf16); gates, states and
+accumulators are fp32; h takes v's dtype. T need not be a multiple of L: the tail is masked as forget gate 1, input
+gate 0, which leaves the state unchanged.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from kernels.mlstm.naive import EPS, MLSTMState
+
+TILE = 64
+
+
+@triton.jit
+def _chunk_gates(LF, I, bh, c, T, L: tl.constexpr):
+    """Cumulative log forget gate b [L] inside chunk c, input gate i [L] (padding: log f = 0, i = -inf)."""
+    t = c * L + tl.arange(0, L)
+    lf = tl.load(LF + bh * T + t, mask=t < T, other=0.0)
+    i = tl.load(I + bh * T + t, mask=t < T, other=float("-inf"))
+    return tl.cumsum(lf, 0), i, t
+
+
+@triton.jit
+def _fwd_states_kernel(K, V, LF, I, C0, N0, M0, C_IN, N_IN, M_IN, C_OUT, N_OUT, M_OUT,
+                       s_b, s_t, s_h, sv_b, sv_t, sv_h, T, H, NC, DQK, DV,
+                       HAS_INIT: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    bh, pk, pv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b, h = bh // H, bh % H
+    dk = pk * BK + tl.arange(0, BK)
+    dv = pv * BV + tl.arange(0, BV)
+    mask_c = (dk[:, None] < DQK) & (dv[None, :] < DV)
+    c_off = dk[:, None] * DV + dv[None, :]
+    if HAS_INIT:
+        C = tl.load(C0 + bh * DQK * DV + c_off, mask=mask_c, other=0.0).to(tl.float32)
+        n = tl.load(N0 + bh * DQK + dk, mask=dk < DQK, other=0.0).to(tl.float32)
+        m = tl.load(M0 + bh).to(tl.float32)
+    else:
+        C = tl.zeros([BK, BV], tl.float32)
+        n = tl.zeros([BK], tl.float32)
+        m = tl.sum(tl.zeros([1], tl.float32), 0)  # an fp32 scalar, as the loop will carry
+    for c in range(0, NC):
+        tl.store(C_IN + (bh * NC + c) * DQK * DV + c_off, C, mask=mask_c)
+        if pv == 0:
+            tl.store(N_IN + (bh * NC + c) * DQK + dk, n, mask=dk < DQK)
+        if (pk == 0) & (pv == 0):
+            tl.store(M_IN + bh * NC + c, m)
+        bcum, i, t = _chunk_gates(LF, I, bh, c, T, L)
+        g = tl.sum(tl.where(tl.arange(0, L) == L - 1, bcum, 0.0), 0)
+        w_end = g - bcum + i
+        m_new = tl.maximum(g + m, tl.max(w_end, 0))
+        w = tl.exp(w_end - m_new)
+        kb = tl.load(K + b * s_b + h * s_h + t[:, None] * s_t + dk[None, :],
+                     mask=(t[:, None] < T) & (dk[None, :] < DQK), other=0.0).to(tl.float32)
+        vb = tl.load(V + b * sv_b + h * sv_h + t[:, None] * sv_t + dv[None, :],
+                     mask=(t[:, None] < T) & (dv[None, :] < DV), other=0.0).to(tl.float32)
+        decay = tl.exp(g + m - m_new)
+        C = decay * C + tl.dot(tl.trans(kb * w[:, None]), vb)
+        n = decay * n + tl.sum(kb * w[:, None], 0)
+        m = m_new
+    tl.store(C_OUT + bh * DQK * DV + c_off, C, mask=mask_c)
+    if pv == 0:
+        tl.store(N_OUT + bh * DQK + dk, n, mask=dk < DQK)
+    if (pk == 0) & (pv == 0):
+        tl.store(M_OUT + bh, m)
+
+
+@triton.jit
+def _intra_weights(bcum, i, m_inter, L: tl.constexpr):
+    """Row max m_t, intra-chunk weights exp(log_d - m_t) [L, L] and the state's weight exp(b_t + m_in - m_t) [L]."""
+    log_d = bcum[:, None] - bcum[None, :] + i[None, :]
+    causal = tl.arange(0, L)[:, None] >= tl.arange(0, L)[None, :]
+    log_d = tl.where(causal, log_d, float("-inf"))
+    log_inter = bcum + m_inter
+    m_t = tl.maximum(tl.max(log_d, 1), log_inter)
+    return m_t, tl.exp(log_d - m_t[:, None]), tl.exp(log_inter - m_t)
+
+
+@triton.jit
+def _fwd_output_kernel(Q, K, V, LF, I, C_IN, N_IN, M_IN, HOUT, MT, NT,
+                       s_b, s_t, s_h, sv_b, sv_t, sv_h, so_b, so_t, so_h, T, H, NC, DQK, DV, scale, eps,
+                       L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    c, bh, pv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b, h = bh // H, bh % H
+    bcum, i, t = _chunk_gates(LF, I, bh, c, T, L)
+    m_in = tl.load(M_IN + bh * NC + c)
+    m_t, d_w, inter_w = _intra_weights(bcum, i, m_in, L)
+    dv = pv * BV + tl.arange(0, BV)
+    qk = tl.zeros([L, L], tl.float32)
+    q_c = tl.zeros([L, BV], tl.float32)
+    q_n = tl.zeros([L], tl.float32)
+    for k0 in range(0, DQK, BK):
+        dk = k0 + tl.arange(0, BK)
+        rows = (t[:, None] < T) & (dk[None, :] < DQK)
+        qb = tl.load(Q + b * s_b + h * s_h + t[:, None] * s_t + dk[None, :], mask=rows, other=0.0).to(tl.float32)
+        qb = qb * scale
+        kb = tl.load(K + b * s_b + h * s_h + t[:, None] * s_t + dk[None, :], mask=rows, other=0.0).to(tl.float32)
+        cb = tl.load(C_IN + (bh * NC + c) * DQK * DV + dk[:, None] * DV + dv[None, :],
+                     mask=(dk[:, None] < DQK) & (dv[None, :] < DV), other=0.0)
+        nb = tl.load(N_IN + (bh * NC + c) * DQK + dk, mask=dk < DQK, other=0.0)
+        qk += tl.dot(qb, tl.trans(kb))
+        q_c += tl.dot(qb, cb)
+        q_n += tl.sum(qb * nb[None, :], 1)
+    scores = qk * d_w
+    vb = tl.load(V + b * sv_b + h * sv_h + t[:, None] * sv_t + dv[None, :],
+                 mask=(t[:, None] < T) & (dv[None, :] < DV), other=0.0).to(tl.float32)
+    num = tl.dot(scores, vb) + inter_w[:, None] * q_c
+    den = tl.sum(scores, 1) + inter_w * q_n
+    norm = tl.maximum(tl.abs(den), tl.exp(-m_t)) + eps
+    out = num / norm[:, None]
+    tl.store(HOUT + b * so_b + h * so_h + t[:, None] * so_t + dv[None, :], out.to(HOUT.dtype.element_ty),
+             mask=(t[:, None] < T) & (dv[None, :] < DV))
+    if pv == 0:
+        tl.store(MT + bh * T + t, m_t, mask=t < T)
+        tl.store(NT + bh * T + t, norm, mask=t < T)
+
+
+@triton.jit
+def _bwd_dstates_kernel(Q, DH, LF, I, M_IN, M_OUT, MT, NT, DC_END,
+                        s_b, s_t, s_h, sv_b, sv_t, sv_h, T, H, NC, DQK, DV, scale,
+                        L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    bh, pk, pv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b, h = bh // H, bh % H
+    dk = pk * BK + tl.arange(0, BK)
+    dv = pv * BV + tl.arange(0, BV)
+    mask_c = (dk[:, None] < DQK) & (dv[None, :] < DV)
+    c_off = dk[:, None] * DV + dv[None, :]
+    dC = tl.zeros([BK, BV], tl.float32)
+    for j in range(0, NC):
+        c = NC - 1 - j
+        tl.store(DC_END + (bh * NC + c) * DQK * DV + c_off, dC, mask=mask_c)
+        bcum, i, t = _chunk_gates(LF, I, bh, c, T, L)
+        g = tl.sum(tl.where(tl.arange(0, L) == L - 1, bcum, 0.0), 0)
+        m_in = tl.load(M_IN + bh * NC + c)
+        m_next = tl.load(M_IN + bh * NC + c + 1, mask=c + 1 < NC, other=0.0)
+        m_next = tl.where(c + 1 < NC, m_next, tl.load(M_OUT + bh))
+        m_t = tl.load(MT + bh * T + t, mask=t < T, other=0.0)
+        n_t = tl.load(NT + bh * T + t, mask=t < T, other=1.0)
+        e = tl.where(t < T, tl.exp(bcum + m_in - m_t) / n_t, 0.0)
+        qb = tl.load(Q + b * s_b + h * s_h + t[:, None] * s_t + dk[None, :],
+                     mask=(t[:, None] < T) & (dk[None, :] < DQK), other=0.0).to(tl.float32) * scale
+        dhb = tl.load(DH + b * sv_b + h * sv_h + t[:, None] * sv_t + dv[None, :],
+                      mask=(t[:, None] < T) & (dv[None, :] < DV), other=0.0).to(tl.float32)
+        dC = tl.exp(g + m_in - m_next) * dC + tl.dot(tl.trans(qb * e[:, None]), dhb)
+
+
+@triton.jit
+def _pair_weights(LF, I, M_IN, M_OUT, MT, NT, bh, c, T, NC, L: tl.constexpr):
+    """For chunk c: a [L, L] = exp(log_d - m_t) / N_t (query t, key s), e [L] = exp(b_t + m_in - m_t) / N_t (the
+    entering state's weight in h_t), w [L] = exp(g - b_s + i_s - m_end) (key s's weight in the state at the end)."""
+    bcum, i, t = _chunk_gates(LF, I, bh, c, T, L)
+    m_in = tl.load(M_IN + bh * NC + c)
+    m_t = tl.load(MT + bh * T + t, mask=t < T, other=0.0)
+    n_t = tl.load(NT + bh * T + t, mask=t < T, other=1.0)
+    valid = t < T
+    log_d = bcum[:, None] - bcum[None, :] + i[None, :]
+    causal = (tl.arange(0, L)[:, None] >= tl.arange(0, L)[None, :]) & valid[:, None]
+    a = tl.where(causal, tl.exp(log_d - m_t[:, None]) / n_t[:, None], 0.0)
+    e = tl.where(valid, tl.exp(bcum + m_in - m_t) / n_t, 0.0)
+    g = tl.sum(tl.where(tl.arange(0, L) == L - 1, bcum, 0.0), 0)
+    m_end = tl.load(M_IN + bh * NC + c + 1, mask=c + 1 < NC, other=0.0)
+    m_end = tl.where(c + 1 < NC, m_end, tl.load(M_OUT + bh))
+    w = tl.where(valid, tl.exp(g - bcum + i - m_end), 0.0)
+    return a, e, w, t
+
+
+@triton.jit
+def _bwd_dqdk_kernel(Q, K, V, DH, LF, I, C_IN, DC_END, M_IN, M_OUT, MT, NT, DQ, DK,
+                     s_b, s_t, s_h, sv_b, sv_t, sv_h, T, H, NC, DQK, DV, scale,
+                     L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    c, bh, pk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b, h = bh // H, bh % H
+    a, e, w, t = _pair_weights(LF, I, M_IN, M_OUT, MT, NT, bh, c, T, NC, L)
+    dk_idx = pk * BK + tl.arange(0, BK)
+    rows_k = (t[:, None] < T) & (dk_idx[None, :] < DQK)
+    dh_v = tl.zeros([L, L], tl.float32)        # dh_t . v_s
+    dh_c = tl.zeros([L, BK], tl.float32)       # C_in^T dh_t   (for dq)
+    v_dc = tl.zeros([L, BK], tl.float32)       # dC_end v_s    (for dk)
+    for v0 in range(0, DV, BV):
+        dv_idx = v0 + tl.arange(0, BV)
+        rows_v = (t[:, None] < T) & (dv_idx[None, :] < DV)
+        vb = tl.load(V + b * sv_b + h * sv_h + t[:, None] * sv_t + dv_idx[None, :], mask=rows_v,
+                     other=0.0).to(tl.float32)
+        dhb = tl.load(DH + b * sv_b + h * sv_h + t[:, None] * sv_t + dv_idx[None, :], mask=rows_v,
+                      other=0.0).to(tl.float32)
+        state = (bh * NC + c) * DQK * DV + dk_idx[:, None] * DV + dv_idx[None, :]
+        mask_c = (dk_idx[:, None] < DQK) & (dv_idx[None, :] < DV)
+        cb = tl.load(C_IN + state, mask=mask_c, other=0.0)
+        dcb = tl.load(DC_END + state, mask=mask_c, other=0.0)
+        dh_v += tl.dot(dhb, tl.trans(vb))
+        dh_c += tl.dot(dhb, tl.trans(cb))
+        v_dc += tl.dot(vb, tl.trans(dcb))
+    qb = tl.load(Q + b * s_b + h * s_h + t[:, None] * s_t + dk_idx[None, :], mask=rows_k, other=0.0).to(tl.float32)
+    kb = tl.load(K + b * s_b + h * s_h + t[:, None] * s_t + dk_idx[None, :], mask=rows_k, other=0.0).to(tl.float32)
+    p = a * dh_v                                # [t, s]
+    dq = tl.dot(p, kb) + e[:, None] * dh_c      # gradient w.r.t. the scaled q
+    dk = tl.dot(tl.trans(p), qb * scale) + w[:, None] * v_dc
+    offs = b * s_b + h * s_h + t[:, None] * s_t + dk_idx[None, :]
+    tl.store(DQ + offs, (dq * scale).to(DQ.dtype.element_ty), mask=rows_k)
+    tl.store(DK + offs, dk.to(DK.dtype.element_ty), mask=rows_k)
+
+
+@triton.jit
+def _bwd_dv_kernel(Q, K, DH, LF, I, DC_END, M_IN, M_OUT, MT, NT, DV_OUT,
+                   s_b, s_t, s_h, sv_b, sv_t, sv_h, T, H, NC, DQK, DV, scale,
+                   L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    c, bh, pv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b, h = bh // H, bh % H
+    a, e, w, t = _pair_weights(LF, I, M_IN, M_OUT, MT, NT, bh, c, T, NC, L)
+    dv_idx = pv * BV + tl.arange(0, BV)
+    rows_v = (t[:, None] < T) & (dv_idx[None, :] < DV)
+    qk = tl.zeros([L, L], tl.float32)          # q_t . k_s
+    k_dc = tl.zeros([L, BV], tl.float32)       # dC_end^T k_s
+    for k0 in range(0, DQK, BK):
+        dk_idx = k0 + tl.arange(0, BK)
+        rows_k = (t[:, None] < T) & (dk_idx[None, :] < DQK)
+        qb = tl.load(Q + b * s_b + h * s_h + t[:, None] * s_t + dk_idx[None, :], mask=rows_k,
+                     other=0.0).to(tl.float32) * scale
+        kb = tl.load(K + b * s_b + h * s_h + t[:, None] * s_t + dk_idx[None, :], mask=rows_k,
+                     other=0.0).to(tl.float32)
+        dcb = tl.load(DC_END + (bh * NC + c) * DQK * DV + dk_idx[:, None] * DV + dv_idx[None, :],
+                      mask=(dk_idx[:, None] < DQK) & (dv_idx[None, :] < DV), other=0.0)
+        qk += tl.dot(qb, tl.trans(kb))
+        k_dc += tl.dot(kb, dcb)
+    dhb = tl.load(DH + b * sv_b + h * sv_h + t[:, None] * sv_t + dv_idx[None, :], mask=rows_v,
+                  other=0.0).to(tl.float32)
+    dv = tl.dot(tl.trans(a * qk), dhb) + w[:, None] * k_dc
+    tl.store(DV_OUT + b * sv_b + h * sv_h + t[:, None] * sv_t + dv_idx[None, :], dv.to(DV_OUT.dtype.element_ty),
+             mask=rows_v)
+
+
+def new_like(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Output allocation; every element is written by a kernel (tests fill these with NaN to prove it)."""
+    return torch.empty_like(x, dtype=dtype)
+
+
+def _tile(d: int) -> int:
+    return max(16, min(TILE, triton.next_power_of_2(d)))
+
+
+class MLSTMChunkwise(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, i_pre, f_pre, C0, n0, m0, chunk_size, eps):
+        B, T, H, DQK = q.shape
+        DV = v.shape[-1]
+        L, NC = chunk_size, triton.cdiv(T, chunk_size)
+        BK, BV = _tile(DQK), _tile(DV)
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        # Gates as [B*H, T] fp32; the log forget gate is what the kernels use.
+        lf = F.logsigmoid(f_pre.float()).permute(0, 2, 1).reshape(B * H, T).contiguous()
+        ig = i_pre.float().permute(0, 2, 1).reshape(B * H, T).contiguous()
+        f32 = dict(device=q.device, dtype=torch.float32)
+        C_in, n_in, m_in = (torch.empty(B * H, NC, DQK, DV, **f32), torch.empty(B * H, NC, DQK, **f32),
+                            torch.empty(B * H, NC, **f32))
+        C_out, n_out, m_out = torch.empty(B, H, DQK, DV, **f32), torch.empty(B, H, DQK, **f32), torch.empty(B, H, **f32)
+        has_init = C0 is not None
+        init = (C0.float().contiguous(), n0.float().contiguous(), m0.float().contiguous()) if has_init else (q, q, q)
+        strides = (q.stride(0), q.stride(1), q.stride(2), v.stride(0), v.stride(1), v.stride(2))
+        _fwd_states_kernel[(B * H, triton.cdiv(DQK, BK), triton.cdiv(DV, BV))](
+            k, v, lf, ig, *init, C_in, n_in, m_in, C_out, n_out, m_out, *strides, T, H, NC, DQK, DV,
+            HAS_INIT=has_init, L=L, BK=BK, BV=BV)
+        h = new_like(v)
+        m_t, n_t = torch.empty(B * H, T, **f32), torch.empty(B * H, T, **f32)
+        scale = DQK ** -0.5
+        _fwd_output_kernel[(NC, B * H, triton.cdiv(DV, BV))](
+            q, k, v, lf, ig, C_in, n_in, m_in, h, m_t, n_t, *strides, h.stride(0), h.stride(1), h.stride(2),
+            T, H, NC, DQK, DV, scale, eps, L=L, BK=BK, BV=BV)
+        ctx.save_for_backward(q, k, v, lf, ig, f_pre, C_in, m_in, m_out, m_t, n_t)
+        ctx.dims = (B, T, H, DQK, DV, L, NC, BK, BV, scale)
+        ctx.mark_non_differentiable(C_out, n_out, m_out)
+        return h, C_out, n_out, m_out
+
+    @staticmethod
+    def backward(ctx, dh, *_state_grads):
+        q, k, v, lf, ig, f_pre, C_in, m_in, m_out, m_t, n_t = ctx.saved_tensors
+        B, T, H, DQK, DV, L, NC, BK, BV, scale = ctx.dims
+        dh = dh.contiguous()
+        strides = (q.stride(0), q.stride(1), q.stride(2), v.stride(0), v.stride(1), v.stride(2))
+        dC_end = torch.empty_like(C_in)
+        _bwd_dstates_kernel[(B * H, triton.cdiv(DQK, BK), triton.cdiv(DV, BV))](
+            q, dh, lf, ig, m_in, m_out, m_t, n_t, dC_end, *strides, T, H, NC, DQK, DV, scale, L=L, BK=BK, BV=BV)
+        # dq and dk in fp32: the gate gradients below take differences of their dot products with q and k.
+        dq, dk, dv = new_like(q, torch.float32), new_like(k, torch.float32), new_like(v)
+        _bwd_dqdk_kernel[(NC, B * H, triton.cdiv(DQK, BK))](
+            q, k, v, dh, lf, ig, C_in, dC_end, m_in, m_out, m_t, n_t, dq, dk, *strides, T, H, NC, DQK, DV, scale,
+            L=L, BK=BK, BV=BV)
+        _bwd_dv_kernel[(NC, B * H, triton.cdiv(DV, BV))](
+            q, k, dh, lf, ig, dC_end, m_in, m_out, m_t, n_t, dv, *strides, T, H, NC, DQK, DV, scale,
+            L=L, BK=BK, BV=BV)
+        # Gate gradients from dq and dk: d i~_s = k_s.dk_s; dF_u = q_u.dq_u - k_u.dk_u; d log f = reverse cumsum.
+        d_i = (k.float() * dk.float()).sum(-1)
+        d_cum = (q.float() * dq.float()).sum(-1) - d_i
+        d_lf = d_cum.flip(1).cumsum(1).flip(1)
+        d_f = d_lf * torch.sigmoid(-f_pre.float())
+        return (dq.to(q.dtype), dk.to(k.dtype), dv, d_i.to(f_pre.dtype), d_f.to(f_pre.dtype),
+                None, None, None, None, None)
+
+
+def mlstm_chunkwise_triton(q, k, v, i_pre, f_pre, initial_state: MLSTMState | None = None, chunk_size: int = 64,
+                           eps: float = EPS):
+    """Same contract as kernels.mlstm.chunk.mlstm_chunkwise: returns (h [B, T, H, DV], final MLSTMState)."""
+    for name, d in (("q/k head dim", q.shape[-1]), ("v head dim", v.shape[-1])):
+        if d < 16:
+            raise ValueError(f"Triton mLSTM: {name} must be >= 16 (got {d})")
+    if chunk_size not in (16, 32, 64, 128):
+        raise ValueError(f"Triton mLSTM: chunk_size must be 16, 32, 64 or 128 (got {chunk_size})")
+    C0, n0, m0 = initial_state if initial_state is not None else (None, None, None)
+    h, C, n, m = MLSTMChunkwise.apply(q, k, v, i_pre, f_pre, C0, n0, m0, chunk_size, eps)
+    return h, MLSTMState(C, n, m)

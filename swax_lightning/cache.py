@@ -1,0 +1,106 @@
+"""Inference state per layer: what a streaming model keeps between prefill chunks and decode steps.
+
+- WindowKVCache (S layers): a ring buffer of the last W keys/values plus the first n_sink keys/values (sink tokens),
+  so its size never grows with the context. Keys are stored after RoPE, at their absolute positions.
+- FullKVCache (A layers, baselines): every key/value so far; it grows with the context, by design.
+- MLSTMCache (X layers): the cell state (C, n, m) in fp32, a fixed size.
+
+Decisions:
+- A chunk of new tokens attends to [sinks | cached keys | its own keys] with a mask computed from absolute positions,
+  so prefill chunks of any length and single decode steps go through the same exact attention rule as training
+  (query t sees keys t-W+1 .. t and keys 0 .. n_sink-1). Cost per chunk: O(chunk * (W + n_sink + chunk)).
+- Batched prompts of different lengths are left-padded; padded tokens have negative positions, are never visible as
+  keys, and (mLSTM) leave the state unchanged. A padded query sees only itself, which keeps its output finite.
+- Ring slots are overwritten at position % W; attention is order-free, so slots need no reordering.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels import MLSTMState
+
+
+def _attend(q, k, v, q_pos, k_pos, window: int | None, n_sink: int = 0):
+    """SDPA of the L new queries q [B, L, Hq, D] over keys k, v [B, N, Hkv, D] whose last L are the new tokens'.
+    Visibility from absolute positions q_pos [B, L], k_pos [B, N] (negative = empty slot or padding):
+    - the first n_sink columns are sink slots (already stored sinks): visible only outside the window, where the
+      ring no longer holds them;
+    - the other columns: visible inside the window, and new keys at positions < n_sink (sinks not stored yet) always;
+    - each query sees its own key, so a padded query has one visible key and a finite output."""
+    L, N = q.shape[1], k.shape[1]
+    t, s = q_pos[:, :, None], k_pos[:, None, :]
+    visible = (s >= 0) & (s <= t)
+    if window is not None:
+        in_window = t - s < window
+        column = torch.arange(N, device=q.device)
+        is_sink_slot, is_new = column < n_sink, column >= N - L
+        visible &= torch.where(is_sink_slot, ~in_window, in_window | (is_new & (s < n_sink)))
+    visible[:, torch.arange(L, device=q.device), N - L + torch.arange(L, device=q.device)] = True
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         attn_mask=visible[:, None], enable_gqa=q.shape[2] != k.shape[2])
+    return out.transpose(1, 2)
+
+
+class WindowKVCache:
+    """Last `window` keys/values (a ring) plus the first `n_sink` (sinks), per sequence of the batch."""
+
+    def __init__(self, batch: int, window: int, n_sink: int, kv_heads: int, head_dim: int, dtype, device):
+        self.window, self.n_sink = window, n_sink
+        shape = (batch, window, kv_heads, head_dim)
+        self.k, self.v = torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
+        self.pos = torch.full((batch, window), -1, dtype=torch.long, device=device)
+        sink_shape = (batch, n_sink, kv_heads, head_dim)
+        self.sink_k = torch.zeros(sink_shape, dtype=dtype, device=device)
+        self.sink_v = torch.zeros(sink_shape, dtype=dtype, device=device)
+        self.sink_pos = torch.full((batch, n_sink), -1, dtype=torch.long, device=device)
+
+    def attend(self, q, k, v, positions) -> torch.Tensor:
+        keys = torch.cat([self.sink_k, self.k, k], 1)
+        values = torch.cat([self.sink_v, self.v, v], 1)
+        k_pos = torch.cat([self.sink_pos, self.pos, positions], 1)
+        out = _attend(q, keys, values, positions, k_pos, self.window, self.n_sink)
+        self._write(k, v, positions)
+        return out
+
+    def _write(self, k, v, positions) -> None:
+        for s in range(self.n_sink):  # sink tokens are kept for good
+            b, i = (positions == s).nonzero(as_tuple=True)
+            self.sink_k[b, s], self.sink_v[b, s], self.sink_pos[b, s] = k[b, i], v[b, i], s
+        # Only the last W new tokens can be seen by later queries.
+        k, v, positions = k[:, -self.window:], v[:, -self.window:], positions[:, -self.window:]
+        slots = positions.clamp(min=0) % self.window
+        for b in range(k.shape[0]):
+            real = positions[b] >= 0
+            self.k[b, slots[b, real]], self.v[b, slots[b, real]] = k[b, real], v[b, real]
+            self.pos[b, slots[b, real]] = positions[b, real]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.sink_k, self.sink_v))
+
+
+class FullKVCache:
+    """Every key/value so far (full causal attention); grows with the context."""
+
+    def __init__(self, batch: int, kv_heads: int, head_dim: int, dtype, device):
+        self.k = torch.zeros(batch, 0, kv_heads, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.pos = torch.zeros(batch, 0, dtype=torch.long, device=device)
+
+    def attend(self, q, k, v, positions) -> torch.Tensor:
+        self.k, self.v = torch.cat([self.k, k], 1), torch.cat([self.v, v], 1)
+        self.pos = torch.cat([self.pos, positions], 1)
+        return _attend(q, self.k, self.v, positions, self.pos, None)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v))
+
+
+class MLSTMCache:
+    """The mLSTM cell state, carried across chunks and steps."""
+
+    def __init__(self, state: MLSTMState):
+        self.state = state
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.state)
