@@ -15,9 +15,11 @@ Backward: delta = rowsum(dO * O) (PyTorch), then
 Visibility of key s for query t (../shared/DESIGN.md section 2): s <= t and (t - s < W or s < n_sink).
 
 Block sizes: BLOCK_M = BLOCK_N = 64 (BLOCK_N is also the largest supported n_sink), 4 warps; one configuration, since
-`@triton.autotune` over several configurations fails under the interpreter (DESIGN.md section 5). Inputs of any dtype
-are upcast to fp32 right after loading (the interpreter mishandles bf16); accumulation is fp32; outputs take the
-input dtype. Any T (masked tails), head dims that are powers of two from 16 to 256, GQA.
+`@triton.autotune` over several configurations fails under the interpreter (DESIGN.md section 5). Dots take their
+operands in the input dtype (bf16/fp16 tensor cores; probabilities and dS are cast to it, as in FlashAttention) and
+accumulate in fp32; softmax statistics are fp32; outputs take the input dtype. Only bf16 on a CPU (the interpreter,
+which computes bf16 wrongly) is upcast to fp32 right after loading. Any T (masked tails), head dims that are powers of
+two from 16 to 256, GQA.
 """
 from __future__ import annotations
 
@@ -30,6 +32,13 @@ import triton.language as tl
 BLOCK_M = 64
 BLOCK_N = 64
 LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _tile(ptr, mask, NATIVE: tl.constexpr):
+    """Load a tile: in its own dtype for tensor-core dots (NATIVE), else upcast to fp32 at once."""
+    x = tl.load(ptr, mask=mask, other=0.0)
+    return x if NATIVE else x.to(tl.float32)
 
 
 @triton.jit
@@ -66,11 +75,10 @@ def _next_key_block(n0, lo, BLOCK_N: tl.constexpr):
 @triton.jit
 def _fwd_kernel(Q, K, V, O, LSE, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, so_b, so_t, so_h,
                 T, HQ, GROUP, W, N_SINK, scale,
-                D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NATIVE: tl.constexpr):
     b, hq, hk, pid_bh, m0, t = _query_block(HQ, GROUP, BLOCK_M)
     d = tl.arange(0, D)
-    q = tl.load(Q + b * sq_b + hq * sq_h + t[:, None] * sq_t + d[None, :], mask=t[:, None] < T, other=0.0)
-    q = (q.to(tl.float32) * (scale * 1.4426950408889634))
+    q = _tile(Q + b * sq_b + hq * sq_h + t[:, None] * sq_t + d[None, :], t[:, None] < T, NATIVE)
     k_base, v_base = K + b * sk_b + hk * sk_h, V + b * sk_b + hk * sk_h
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -78,16 +86,16 @@ def _fwd_kernel(Q, K, V, O, LSE, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, so_b, so_t,
     n0, lo, hi = _key_blocks(m0, T, W, N_SINK, BLOCK_M, BLOCK_N)
     while n0 < hi:
         s = n0 + tl.arange(0, BLOCK_N)
-        kb = tl.load(k_base + s[:, None] * sk_t + d[None, :], mask=s[:, None] < T, other=0.0).to(tl.float32)
-        vb = tl.load(v_base + s[:, None] * sk_t + d[None, :], mask=s[:, None] < T, other=0.0).to(tl.float32)
-        scores = tl.dot(q, tl.trans(kb))
+        kb = _tile(k_base + s[:, None] * sk_t + d[None, :], s[:, None] < T, NATIVE)
+        vb = _tile(v_base + s[:, None] * sk_t + d[None, :], s[:, None] < T, NATIVE)
+        scores = tl.dot(q, tl.trans(kb)) * (scale * 1.4426950408889634)
         scores = tl.where(_visible(t, s, T, W, N_SINK), scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp2(scores - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p, vb)
+        acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
         m_i = m_new
         n0 = _next_key_block(n0, lo, BLOCK_N)
     l_i = tl.where(t < T, l_i, 1.0)  # rows past T see no key; every real row sees at least itself
@@ -100,12 +108,12 @@ def _fwd_kernel(Q, K, V, O, LSE, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, so_b, so_t,
 @triton.jit
 def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h,
                    T, HQ, GROUP, W, N_SINK, scale,
-                   D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                   D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NATIVE: tl.constexpr):
     b, hq, hk, pid_bh, m0, t = _query_block(HQ, GROUP, BLOCK_M)
     d = tl.arange(0, D)
     row = b * sq_b + hq * sq_h + t[:, None] * sq_t + d[None, :]
-    q = tl.load(Q + row, mask=t[:, None] < T, other=0.0).to(tl.float32)
-    do = tl.load(DO + row, mask=t[:, None] < T, other=0.0).to(tl.float32)
+    q = _tile(Q + row, t[:, None] < T, NATIVE)
+    do = _tile(DO + row, t[:, None] < T, NATIVE)
     lse = tl.load(LSE + pid_bh * T + t, mask=t < T, other=0.0)
     delta = tl.load(DELTA + pid_bh * T + t, mask=t < T, other=0.0)
     k_base, v_base = K + b * sk_b + hk * sk_h, V + b * sk_b + hk * sk_h
@@ -113,13 +121,13 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, sq_b, sq_t, sq_h, sk_b, sk_t, sk
     n0, lo, hi = _key_blocks(m0, T, W, N_SINK, BLOCK_M, BLOCK_N)
     while n0 < hi:
         s = n0 + tl.arange(0, BLOCK_N)
-        kb = tl.load(k_base + s[:, None] * sk_t + d[None, :], mask=s[:, None] < T, other=0.0).to(tl.float32)
-        vb = tl.load(v_base + s[:, None] * sk_t + d[None, :], mask=s[:, None] < T, other=0.0).to(tl.float32)
+        kb = _tile(k_base + s[:, None] * sk_t + d[None, :], s[:, None] < T, NATIVE)
+        vb = _tile(v_base + s[:, None] * sk_t + d[None, :], s[:, None] < T, NATIVE)
         scores = tl.dot(q, tl.trans(kb)) * (scale * 1.4426950408889634)
         p = tl.where(_visible(t, s, T, W, N_SINK), tl.exp2(scores - lse[:, None]), 0.0)
         dp = tl.dot(do, tl.trans(vb))
         ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds, kb)
+        dq += tl.dot(ds.to(kb.dtype), kb)
         n0 = _next_key_block(n0, lo, BLOCK_N)
     tl.store(DQ + row, (dq * scale).to(DQ.dtype.element_ty), mask=t[:, None] < T)
 
@@ -127,15 +135,15 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, sq_b, sq_t, sq_h, sk_b, sk_t, sk
 @triton.jit
 def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h,
                      T, HQ, HK, GROUP, W, N_SINK, scale,
-                     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NATIVE: tl.constexpr):
     pid_n, pid_bh = tl.program_id(0), tl.program_id(1)
     b, hk = pid_bh // HK, pid_bh % HK
     n0 = pid_n * BLOCK_N
     s = n0 + tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)
     kv_row = b * sk_b + hk * sk_h + s[:, None] * sk_t + d[None, :]
-    kb = tl.load(K + kv_row, mask=s[:, None] < T, other=0.0).to(tl.float32)
-    vb = tl.load(V + kv_row, mask=s[:, None] < T, other=0.0).to(tl.float32)
+    kb = _tile(K + kv_row, s[:, None] < T, NATIVE)
+    vb = _tile(V + kv_row, s[:, None] < T, NATIVE)
     dk = tl.zeros([BLOCK_N, D], tl.float32)
     dv = tl.zeros([BLOCK_N, D], tl.float32)
     # Queries that see this key block: t in [n0, n0 + BLOCK_N - 1 + W - 1]; with sinks in it, every later query.
@@ -149,20 +157,26 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, sq_b, sq_t, sq_h, sk_b, sk
         while m0 < q_hi:
             t = m0 + tl.arange(0, BLOCK_M)
             row = b * sq_b + hq * sq_h + t[:, None] * sq_t + d[None, :]
-            q = tl.load(Q + row, mask=t[:, None] < T, other=0.0).to(tl.float32)
-            do = tl.load(DO + row, mask=t[:, None] < T, other=0.0).to(tl.float32)
+            q = _tile(Q + row, t[:, None] < T, NATIVE)
+            do = _tile(DO + row, t[:, None] < T, NATIVE)
             lse = tl.load(LSE + bh * T + t, mask=t < T, other=0.0)
             delta = tl.load(DELTA + bh * T + t, mask=t < T, other=0.0)
             scores = tl.dot(q, tl.trans(kb)) * (scale * 1.4426950408889634)
             visible = _visible(t, s, T, W, N_SINK) & (t[:, None] < T)
             p = tl.where(visible, tl.exp2(scores - lse[:, None]), 0.0)
-            dv += tl.dot(tl.trans(p), do)
+            dv += tl.dot(tl.trans(p).to(do.dtype), do)
             dp = tl.dot(do, tl.trans(vb))
             ds = p * (dp - delta[:, None])
-            dk += tl.dot(tl.trans(ds), q)
+            dk += tl.dot(tl.trans(ds).to(q.dtype), q)
             m0 += BLOCK_M
     tl.store(DK + kv_row, (dk * scale).to(DK.dtype.element_ty), mask=s[:, None] < T)
     tl.store(DV + kv_row, dv.to(DV.dtype.element_ty), mask=s[:, None] < T)
+
+
+def _native_dots(x: torch.Tensor) -> bool:
+    """Dots in the input dtype (tensor cores, fp32 accumulation) on GPUs and for fp16; the interpreter computes bf16
+    wrongly, so bf16 on CPU is upcast to fp32 right after loading."""
+    return x.is_cuda or x.dtype in (torch.float16, torch.float32)
 
 
 def new_like(x: torch.Tensor) -> torch.Tensor:
@@ -187,11 +201,12 @@ class SlidingWindowAttention(torch.autograd.Function):
         HK = k.shape[2]
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         o = new_like(q)
+        native = _native_dots(q)
         lse = torch.empty(B * HQ, T, device=q.device, dtype=torch.float32)
         grid = (triton.cdiv(T, BLOCK_M), B * HQ)
         _fwd_kernel[grid](q, k, v, o, lse, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
                           k.stride(2), o.stride(0), o.stride(1), o.stride(2), T, HQ, HQ // HK, window, n_sink,
-                          scale, D=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=4)
+                          scale, D=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, NATIVE=native, num_warps=4)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.window, ctx.n_sink, ctx.scale = window, n_sink, scale
         return o
@@ -204,13 +219,14 @@ class SlidingWindowAttention(torch.autograd.Function):
         do = do.contiguous()
         delta = (do.float() * o.float()).sum(-1).permute(0, 2, 1).reshape(B * HQ, T).contiguous()
         dq, dk, dv = new_like(q), new_like(k), new_like(v)
+        native = _native_dots(q)
         args = (ctx.window, ctx.n_sink, ctx.scale)
         _bwd_dq_kernel[(triton.cdiv(T, BLOCK_M), B * HQ)](
             q, k, v, do, dq, lse, delta, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
-            k.stride(2), T, HQ, HQ // HK, *args, D=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=4)
+            k.stride(2), T, HQ, HQ // HK, *args, D=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, NATIVE=native, num_warps=4)
         _bwd_dkdv_kernel[(triton.cdiv(T, BLOCK_N), B * HK)](
             q, k, v, do, dk, dv, lse, delta, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
-            k.stride(2), T, HQ, HK, HQ // HK, *args, D=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=4)
+            k.stride(2), T, HQ, HK, HQ // HK, *args, D=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, NATIVE=native, num_warps=4)
         return dq, dk, dv, None, None, None
 
 

@@ -1,0 +1,101 @@
+"""Chunkwise mLSTM implementations side by side: ms and tokens/s, forward and forward+backward, with a check.
+
+    python benchmarks/mlstm_kernel.py          # on a GPU: T in {4k, 16k, 64k}, xLSTM-7B shape and a small one, bf16
+    TRITON_INTERPRET=1 python benchmarks/mlstm_kernel.py --device cpu --dtype float32 --lengths 128 \\
+        --shapes 2x32x32                       # smoke test of the script itself on a CPU
+
+Implementations: this repo's Triton kernel (kernels/mlstm/triton.py) and the PyTorch chunkwise path
+(kernels/mlstm/chunk.py); any other implementation can be added to `implementations()` where installed. Shapes are
+HEADSxDQKxDV (default: the xLSTM-7B layer, 8x256x512, and 8x64x128), batch 1, chunk 64. The output of each is
+compared with the PyTorch chunkwise path in fp32 (max abs error of h); the backward is timed through a per-head
+RMSNorm, as in the model. One JSON line per measurement, then a table. Budget on one H200: about 3 minutes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kernels.mlstm.chunk import mlstm_chunkwise  # noqa: E402
+
+
+def bench_ms(fn, device) -> float:
+    if device == "cuda":
+        import triton.testing
+
+        return triton.testing.do_bench(fn, warmup=5, rep=30)
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * sorted(times)[1]
+
+
+def implementations(chunk: int):
+    from kernels.mlstm.triton import mlstm_chunkwise_triton
+
+    return {"triton (ours)": lambda *a: mlstm_chunkwise_triton(*a, chunk_size=chunk)[0],
+            "pytorch chunkwise": lambda *a: mlstm_chunkwise(*a, chunk_size=chunk)[0]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--lengths", nargs="+", type=int, default=[4096, 16384, 65536])
+    parser.add_argument("--shapes", nargs="+", default=["8x256x512", "8x64x128"])
+    parser.add_argument("--chunk", type=int, default=64)
+    args = parser.parse_args()
+    dtype = getattr(torch, args.dtype)
+    rows = []
+    for shape in args.shapes:
+        H, dqk, dv = map(int, shape.split("x"))
+        for T in args.lengths:
+            g = torch.Generator(device=args.device).manual_seed(0)
+            rnd = lambda *s: torch.randn(*s, device=args.device, generator=g)
+            q, k, v = rnd(1, T, H, dqk).to(dtype), rnd(1, T, H, dqk).to(dtype), rnd(1, T, H, dv).to(dtype)
+            i_pre, f_pre = rnd(1, T, H) - 3.0, rnd(1, T, H) + 4.0
+            reference = mlstm_chunkwise(q.float(), k.float(), v.float(), i_pre, f_pre, chunk_size=args.chunk)[0]
+            for name, fn in implementations(args.chunk).items():
+                row = {"impl": name, "shape": shape, "T": T}
+                try:
+                    out = fn(q, k, v, i_pre, f_pre)
+                    row["max_abs_err"] = float((out.float() - reference).abs().max())
+                    row["fwd_ms"] = bench_ms(lambda: fn(q, k, v, i_pre, f_pre), args.device)
+                    leaves = [x.clone().requires_grad_() for x in (q, k, v, i_pre, f_pre)]
+                    grad = torch.randn_like(out)
+
+                    def fwd_bwd():
+                        h = F.rms_norm(fn(*leaves).float(), (dv,))
+                        torch.autograd.grad(h, leaves, grad.float())
+
+                    row["fwd_bwd_ms"] = bench_ms(fwd_bwd, args.device)
+                    row["fwd_tokens_per_s"] = T / row["fwd_ms"] * 1e3
+                    row["fwd_bwd_tokens_per_s"] = T / row["fwd_bwd_ms"] * 1e3
+                except torch.OutOfMemoryError:
+                    row["error"] = "out of memory"
+                except Exception as err:  # noqa: BLE001 - one failing implementation must not stop the table
+                    row["error"] = f"{type(err).__name__}: {err}"[:120]
+                if args.device == "cuda":
+                    torch.cuda.empty_cache()
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    print("\n| impl | heads x dqk x dv | T | fwd ms | fwd tokens/s | fwd+bwd ms | fwd+bwd tokens/s | max abs err |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['impl']} | {r['shape']} | {r['T']} | {r['error']} | | | | |")
+            continue
+        print(f"| {r['impl']} | {r['shape']} | {r['T']} | {r['fwd_ms']:.3f} | {r['fwd_tokens_per_s']:,.0f} | "
+              f"{r['fwd_bwd_ms']:.3f} | {r['fwd_bwd_tokens_per_s']:,.0f} | {r['max_abs_err']:.1e} |")
+
+
+if __name__ == "__main__":
+    main()
