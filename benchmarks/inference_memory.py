@@ -1,4 +1,5 @@
-"""Streaming prefill on CPU: peak memory and time against context length, SWAX (S X) next to full attention (A).
+"""Streaming prefill on CPU: peak memory and time against context length, SWAX (S X) and SWA + Gated DeltaNet (S D) next
+to full attention (A) and full attention converted to SWA with 4 sinks without training (A->SWA).
 
     python benchmarks/inference_memory.py                 # the table of the README (a few minutes on 2 cores)
     python benchmarks/inference_memory.py --lengths 8192 32768 --patterns SX
@@ -37,9 +38,12 @@ def run_one(pattern: str, length: int, chunk_len: int, window: int) -> dict:
     from swax_lightning.model import SWAXModel
 
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=257, d_model=256, n_layers=4, pattern=pattern, n_heads=4, mlstm_heads=2,
-                      window=window, chunk_size=64)
+    converted = pattern.endswith("->SWA")  # a full-attention model run as SWA(window, 4 sinks), no training
+    cfg = ModelConfig(vocab_size=257, d_model=256, n_layers=4, pattern=pattern.removesuffix("->SWA"), n_heads=4,
+                      mlstm_heads=2, deltanet_heads=2, window=window, chunk_size=64)
     model = SWAXModel(cfg).eval()
+    if converted:
+        model.convert_full_attention(window, n_sink=4)
     idx = torch.randint(0, 257, (1, length))
     positions = torch.arange(length)[None]
     caches = model.new_caches(1)
@@ -57,7 +61,8 @@ def run_one(pattern: str, length: int, chunk_len: int, window: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--patterns", nargs="+", default=["SX", "A"])
+    parser.add_argument("--patterns", nargs="+", default=["SX", "SD", "A", "A->SWA"],
+                        help="layer patterns; A->SWA = pattern A converted to SWA(window, 4 sinks) at inference")
     parser.add_argument("--lengths", nargs="+", type=int, default=[8192, 32768, 131072])
     parser.add_argument("--full_attention_max", type=int, default=32768, help="longest length run for pattern A")
     parser.add_argument("--chunk_len", type=int, default=2048)
@@ -70,7 +75,7 @@ def main() -> None:
     results = []
     for pattern in args.patterns:
         for length in args.lengths:
-            if "A" in pattern and length > args.full_attention_max:
+            if pattern == "A" and length > args.full_attention_max:
                 continue
             out = subprocess.run([sys.executable, __file__, "--one", pattern, str(length), "--chunk_len",
                                   str(args.chunk_len), "--window", str(args.window)],

@@ -8,6 +8,8 @@ implementation themselves. Each kernel lives beside its slow reference (flash-li
     kernels/swa/triton.py     Triton forward + backward, O(T * W): the GPU path
     kernels/mlstm/chunk.py    chunkwise form in PyTorch, O(T * chunk): the CPU / autograd path
     kernels/mlstm/triton.py   chunkwise Triton forward + backward with state in and out: the GPU path
+    kernels/deltanet/naive.py gated delta rule, recurrent step and loop: reference and decode step
+    kernels/deltanet/chunk.py chunkwise (WY / UT-transform) form in PyTorch: the training path (no Triton yet)
 The backend is chosen per call from the environment variable SWAX_KERNELS:
     auto (default)  Triton for CUDA tensors where a Triton kernel exists, PyTorch otherwise
     torch           always the PyTorch paths
@@ -21,6 +23,8 @@ import importlib
 import os
 from typing import Callable
 
+from kernels.deltanet.chunk import gated_delta_chunkwise as _gated_delta_chunkwise_torch
+from kernels.deltanet.naive import gated_delta_recurrent, gated_delta_step
 from kernels.mlstm.chunk import mlstm_chunkwise as _mlstm_chunkwise_torch
 from kernels.mlstm.naive import MLSTMState, mlstm_parallel, mlstm_recurrent, mlstm_step
 from kernels.swa.blocked import swa_blocked
@@ -50,6 +54,10 @@ def _pick(op: str, torch_impl: Callable, is_cuda: bool) -> Callable:
     choice = backend()
     if choice == "torch":
         return torch_impl
+    if op not in _TRITON:
+        if choice == "triton":
+            raise NotImplementedError(f"SWAX_KERNELS=triton: no Triton kernel for {op!r}; use auto or torch")
+        return torch_impl
     if is_cuda or choice == "triton":
         return _triton_impl(op)
     return torch_impl
@@ -66,5 +74,11 @@ def mlstm_chunkwise(q, k, v, i_pre, f_pre, initial_state: MLSTMState | None = No
     return _pick("mlstm", _mlstm_chunkwise_torch, q.is_cuda)(q, k, v, i_pre, f_pre, initial_state, chunk_size)
 
 
-__all__ = ["MLSTMState", "backend", "mlstm_chunkwise", "mlstm_parallel", "mlstm_recurrent", "mlstm_step",
+def gated_delta_chunkwise(q, k, v, beta, g, initial_state=None, chunk_size: int = 64):
+    """The gated delta rule over a sequence. Returns (o [B, T, H, DV], final state [B, H, DK, DV])."""
+    return _pick("gated_delta", _gated_delta_chunkwise_torch, q.is_cuda)(q, k, v, beta, g, initial_state, chunk_size)
+
+
+__all__ = ["MLSTMState", "backend", "gated_delta_chunkwise", "gated_delta_recurrent", "gated_delta_step",
+           "mlstm_chunkwise", "mlstm_parallel", "mlstm_recurrent", "mlstm_step",
            "sliding_window_attention", "sliding_window_mask", "swa_blocked", "swa_reference"]

@@ -3,7 +3,8 @@
 - WindowKVCache (S layers): a ring buffer of the last W keys/values plus the first n_sink keys/values (sink tokens),
   so its size never grows with the context. Keys are stored after RoPE, at their absolute positions.
 - FullKVCache (A layers, baselines): every key/value so far; it grows with the context, by design.
-- MLSTMCache (X layers): the cell state (C, n, m) in fp32, a fixed size.
+- RecurrentCache (X and D layers): the recurrent state in fp32, a fixed size: (C, n, m) for the mLSTM, S for Gated
+  DeltaNet.
 
 Decisions:
 - A chunk of new tokens attends to [sinks | cached keys | its own keys] with a mask computed from absolute positions,
@@ -18,7 +19,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels import MLSTMState
 
 
 def _attend(q, k, v, q_pos, k_pos, window: int | None, n_sink: int = 0):
@@ -96,11 +96,12 @@ class FullKVCache:
         return sum(t.numel() * t.element_size() for t in (self.k, self.v))
 
 
-class MLSTMCache:
-    """The mLSTM cell state, carried across chunks and steps."""
+class RecurrentCache:
+    """A recurrent layer's state (a tensor or a tuple of tensors), carried across chunks and steps."""
 
-    def __init__(self, state: MLSTMState):
+    def __init__(self, state):
         self.state = state
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.state)
+        tensors = self.state if isinstance(self.state, tuple) else (self.state,)
+        return sum(t.numel() * t.element_size() for t in tensors)

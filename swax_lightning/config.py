@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-LAYER_KINDS = {"S": "sliding-window attention", "X": "mLSTM", "A": "full causal attention"}
+LAYER_KINDS = {"S": "sliding-window attention", "X": "mLSTM", "A": "full causal attention", "D": "Gated DeltaNet"}
 
 
 class ConfigError(ValueError):
@@ -34,8 +34,8 @@ class ModelConfig:
         vocab_size: Number of token ids (at least the tokenizer's vocabulary; round up to a multiple of 64 on GPU).
         d_model: Residual stream width.
         n_layers: Number of blocks; a multiple of len(pattern).
-        pattern: Layer kinds tiled over the depth: S = sliding-window attention, X = mLSTM, A = full attention.
-            "SX" is SWAX (SWA first, then mLSTM, 1:1).
+        pattern: Layer kinds tiled over the depth: S = sliding-window attention, X = mLSTM, A = full attention,
+            D = Gated DeltaNet. "SX" is SWAX (SWA first, then mLSTM, 1:1).
         n_heads: Attention query heads. d_model need not equal n_heads * head_dim, but n_heads must divide d_model
             when head_dim is left empty.
         n_kv_heads: Attention key/value heads (GQA); empty = n_heads. Must divide n_heads.
@@ -48,7 +48,10 @@ class ModelConfig:
         mlstm_qk_factor: q/k width of the mLSTM as a fraction of d_model (xLSTM-7B: 0.5).
         mlstm_v_factor: v width of the mLSTM as a fraction of d_model (xLSTM-7B: 1.0).
         gate_soft_cap: mLSTM gate pre-activations are capped as cap * tanh(x / cap); 0 disables.
-        chunk_size: Chunk length of the chunkwise mLSTM form.
+        deltanet_heads: Gated DeltaNet heads.
+        deltanet_qk_factor: q/k width of Gated DeltaNet as a fraction of d_model.
+        deltanet_v_factor: v width of Gated DeltaNet as a fraction of d_model.
+        chunk_size: Chunk length of the chunkwise mLSTM and Gated DeltaNet forms.
         norm_eps: Epsilon of every RMSNorm.
         logit_soft_cap: Output logits are capped as cap * tanh(x / cap); 0 disables (xLSTM-7B: 30).
         tie_embeddings: Share the input embedding and the LM head weights.
@@ -73,6 +76,9 @@ class ModelConfig:
     mlstm_qk_factor: float = 0.5
     mlstm_v_factor: float = 1.0
     gate_soft_cap: float = 15.0
+    deltanet_heads: int = 4
+    deltanet_qk_factor: float = 0.5
+    deltanet_v_factor: float = 1.0
     chunk_size: int = 64
     norm_eps: float = 1e-6
     logit_soft_cap: float = 30.0
@@ -83,7 +89,8 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         self.fgate_bias_init = tuple(self.fgate_bias_init)
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "window", "mlstm_heads", "chunk_size"):
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "window", "mlstm_heads", "deltanet_heads",
+                     "chunk_size"):
             _require(getattr(self, name) >= 1, name, "must be >= 1", getattr(self, name))
         _require(self.n_sink >= 0, "n_sink", "must be >= 0", self.n_sink)
         _require(len(self.pattern) >= 1 and set(self.pattern) <= set(LAYER_KINDS), "pattern",
@@ -99,11 +106,11 @@ class ModelConfig:
         _require(self.attn_head_dim % 2 == 0, "d_model", "d_model / n_heads must be even (RoPE)", self.d_model)
         _require(self.n_kv_heads is None or (self.n_kv_heads >= 1 and self.n_heads % self.n_kv_heads == 0),
                  "n_kv_heads", f"must be >= 1 and divide n_heads={self.n_heads}", self.n_kv_heads)
-        for name in ("mlstm_qk_factor", "mlstm_v_factor"):
-            width = getattr(self, name) * self.d_model
-            _require(width >= self.mlstm_heads and width == int(width) and int(width) % self.mlstm_heads == 0,
-                     name, f"{name} * d_model must be a whole multiple of mlstm_heads={self.mlstm_heads}",
-                     getattr(self, name))
+        for name, heads in (("mlstm_qk_factor", "mlstm_heads"), ("mlstm_v_factor", "mlstm_heads"),
+                            ("deltanet_qk_factor", "deltanet_heads"), ("deltanet_v_factor", "deltanet_heads")):
+            width, n = getattr(self, name) * self.d_model, getattr(self, heads)
+            _require(width >= n and width == int(width) and int(width) % n == 0, name,
+                     f"{name} * d_model must be a whole multiple of {heads}={n}", getattr(self, name))
         for name in ("gate_soft_cap", "logit_soft_cap", "rope_theta", "init_std"):
             _require(getattr(self, name) >= 0, name, "must be >= 0", getattr(self, name))
         _require(self.norm_eps > 0, "norm_eps", "must be > 0", self.norm_eps)

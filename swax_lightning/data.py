@@ -105,6 +105,7 @@ class TextDataModule(L.LightningDataModule):
         if (self.data_dir / "meta.json").exists() or self.source is None:
             return  # checked in setup(): reused if it matches, an error naming the mismatch otherwise
         refs = document_refs(self.source)
+        self.tokenizer  # load it here: a missing tokenizer file is reported by name, not from inside a worker
         block = self.seq_len + 1
         chunk = max(1, CHUNK_TOKENS // block) * block
         tmp = self.data_dir.with_name(f".{self.data_dir.name}.tmp-{os.getpid()}")

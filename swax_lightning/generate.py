@@ -6,7 +6,8 @@
 
 The model config and the tokenizer come from the checkpoint (a single-file checkpoint; consolidate a distributed
 one first with `python -m lightning.pytorch.utilities.consolidate_checkpoint <folder>`). `--window` and `--n_sink`
-override the sliding-window layers' window and sink count at inference (paper 2's training-free SWA with sinks).
+override the sliding-window layers' window and sink count at inference; with `--convert_full_attention` the
+full-attention layers become SWA(window, n_sink) too (paper 2's training-free SWA with sinks).
 """
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ def load_model(ckpt_path: str | Path, device: str = "cpu"):
 
 def main(ckpt_path: str, prompt: list[str] | None = None, prompts_file: str | None = None,
          max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-         window: int | None = None, n_sink: int | None = None, chunk_len: int = 2048, seed: int = 0,
-         device: str = "cpu") -> list[str]:
+         window: int | None = None, n_sink: int | None = None, convert_full_attention: bool = False,
+         chunk_len: int = 2048, seed: int = 0, device: str = "cpu") -> list[str]:
     """Print the continuation of each prompt.
 
     Args:
@@ -50,6 +51,8 @@ def main(ckpt_path: str, prompt: list[str] | None = None, prompts_file: str | No
         top_p: Nucleus sampling mass (1 = all).
         window: Override the sliding-window size at inference.
         n_sink: Override the number of sink tokens at inference.
+        convert_full_attention: Also run the full-attention (A) layers as SWA(window, n_sink): the training-free
+            conversion of arXiv 2608.28444 (needs --window; --n_sink defaults to 4).
         chunk_len: Prefill chunk length (memory per chunk, not per context).
         seed: Sampling seed.
         device: cpu or cuda.
@@ -60,6 +63,10 @@ def main(ckpt_path: str, prompt: list[str] | None = None, prompts_file: str | No
     if not texts:
         raise ValueError("give --prompt TEXT or --prompts_file FILE")
     model, tokenizer = load_model(ckpt_path, device)
+    if convert_full_attention:
+        if window is None:
+            raise ValueError("--convert_full_attention needs --window")
+        model.convert_full_attention(window, 4 if n_sink is None else n_sink)
     if window is not None:
         model.set_window(window)
     if n_sink is not None:

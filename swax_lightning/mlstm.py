@@ -11,7 +11,7 @@ Decisions:
   over the heads in fgate_bias_init (3..6: from ~50 to ~400 steps of memory).
 - The per-head norm after the cell cancels the cell's normaliser scale; that is why gradients of the cell's forms are
   compared after this norm (DESIGN.md section 3).
-- Streaming inference passes an MLSTMCache: a chunk continues from its state with the chunkwise form, a single token
+- Streaming inference passes an RecurrentCache: a chunk continues from its state with the chunkwise form, a single token
   with the recurrent step. Padding tokens (positions < 0) get input gate 0 and forget gate 1: the state stays as is.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch.nn as nn
 
 from kernels import MLSTMState, mlstm_chunkwise, mlstm_step
 from kernels.mlstm.naive import fp32
-from swax_lightning.cache import MLSTMCache
+from swax_lightning.cache import RecurrentCache
 from swax_lightning.config import ModelConfig
 from swax_lightning.layers import MultiHeadRMSNorm
 
@@ -55,19 +55,20 @@ class MLSTMLayer(nn.Module):
 
     def gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Soft-capped fp32 gate pre-activations (i~, f~), each [B, T, H]."""
-        no_autocast = torch.autocast(x.device.type, enabled=False) if x.device.type in ("cpu", "cuda") else nullcontext()
+        real_device = x.device.type in ("cpu", "cuda")  # autocast cannot be entered on the meta device
+        no_autocast = torch.autocast(x.device.type, enabled=False) if real_device else nullcontext()
         with no_autocast:
             x32 = fp32(x)
             i_pre = nn.functional.linear(x32, fp32(self.igate.weight), fp32(self.igate.bias))
             f_pre = nn.functional.linear(x32, fp32(self.fgate.weight), fp32(self.fgate.bias))
         return soft_cap(i_pre, self.gate_soft_cap), soft_cap(f_pre, self.gate_soft_cap)
 
-    def new_cache(self, batch: int, dtype: torch.dtype, device) -> MLSTMCache:
+    def new_cache(self, batch: int, dtype: torch.dtype, device) -> RecurrentCache:
         like = torch.empty(0, dtype=torch.float64 if dtype == torch.float64 else torch.float32, device=device)
-        return MLSTMCache(MLSTMState.zeros(batch, self.heads, self.qk_dim // self.heads, self.v_dim // self.heads,
+        return RecurrentCache(MLSTMState.zeros(batch, self.heads, self.qk_dim // self.heads, self.v_dim // self.heads,
                                            like=like))
 
-    def forward(self, x: torch.Tensor, cache: MLSTMCache | None = None,
+    def forward(self, x: torch.Tensor, cache: RecurrentCache | None = None,
                 positions: torch.Tensor | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.heads, -1)

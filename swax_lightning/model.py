@@ -1,6 +1,7 @@
 """SWAXModel: token embedding, pre-norm residual blocks in pattern order, final norm, LM head.
 
-    block(x) = x + mixer(RMSNorm(x));  x + SwiGLU(RMSNorm(x))      mixer = Attention (S, A) or MLSTMLayer (X)
+    block(x) = x + mixer(RMSNorm(x));  x + SwiGLU(RMSNorm(x))
+    mixer = Attention (S, A), MLSTMLayer (X) or GatedDeltaNetLayer (D)
 
 Decisions:
 - One block class for every layer kind; only the mixer differs, chosen by the pattern letter.
@@ -21,6 +22,7 @@ import torch.nn as nn
 
 from kernels.mlstm.naive import fp32
 from swax_lightning.config import ModelConfig
+from swax_lightning.deltanet import GatedDeltaNetLayer
 from swax_lightning.mlstm import MLSTMLayer
 from swax_lightning.swa import Attention
 from swax_lightning.layers import MultiHeadRMSNorm, SwiGLU
@@ -29,6 +31,8 @@ from swax_lightning.layers import MultiHeadRMSNorm, SwiGLU
 def make_mixer(kind: str, cfg: ModelConfig) -> nn.Module:
     if kind == "X":
         return MLSTMLayer(cfg)
+    if kind == "D":
+        return GatedDeltaNetLayer(cfg)
     return Attention(cfg, sliding=(kind == "S"))
 
 
@@ -81,6 +85,8 @@ class SWAXModel(nn.Module):
         for module in root.modules():  # after the generic pass, which zeroes every bias
             if isinstance(module, MLSTMLayer):
                 module.reset_gate_biases()
+            elif isinstance(module, GatedDeltaNetLayer):
+                module.reset_decay()
 
     def set_window(self, window: int) -> None:
         """Window of every sliding-window layer (full-attention and mLSTM layers are unaffected)."""
@@ -106,6 +112,15 @@ class SWAXModel(nn.Module):
         for module in self.modules():
             if isinstance(module, Attention):
                 module.set_sinks(n_sink)
+
+    def convert_full_attention(self, window: int, n_sink: int) -> None:
+        """Turn every full-attention layer (A) into sliding-window attention with sinks, SWA(window, n_sink): the
+        training-free conversion of arXiv 2608.28444. With window >= T it is exactly full attention."""
+        if window < 1 or n_sink < 0:
+            raise ValueError(f"window must be >= 1 and n_sink >= 0 (got {window}, {n_sink})")
+        for module in self.modules():
+            if isinstance(module, Attention) and not module.sliding:
+                module.sliding, module.window, module.n_sink = True, int(window), int(n_sink)
 
     def new_caches(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> list:
         """Empty inference state, one per block, for the current window and sink settings."""

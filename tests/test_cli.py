@@ -26,6 +26,7 @@ def test_fit_then_test_from_checkpoint(tmp_path):
     ckpt = tmp_path / "runs/tiny/w64/checkpoints/last.ckpt"
     assert ckpt.exists()
     assert list((tmp_path / "runs/tiny/w64").glob("events.out.tfevents.*"))
+    _assert_hparams_entry(tmp_path / "runs")
     test = _main("test", *_overrides(tmp_path), "--ckpt_path", str(ckpt), "--trainer.limit_test_batches", "2",
                  cwd=tmp_path)
     assert test.returncode == 0, test.stderr[-3000:]
@@ -46,3 +47,31 @@ def test_bad_config_value_is_named(tmp_path, arg, value, field):
     out = _main("fit", *_overrides(tmp_path), arg, value, "--trainer.max_steps", "1", cwd=tmp_path)
     assert out.returncode != 0
     assert f"ModelConfig.{field}" in out.stderr, out.stderr[-3000:]
+
+
+def _assert_hparams_entry(runs):
+    """The run's settings, window schedule included, and its final validation metrics are in the HPARAMS tab."""
+    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+    from tensorboard.plugins.hparams import metadata
+
+    mux = EventMultiplexer()
+    mux.AddRunsFromDirectory(str(runs))
+    mux.Reload()
+    content = mux.PluginRunToTagToContent(metadata.PLUGIN_NAME)["tiny/w64"]
+    hparams = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG]).hparams
+    assert {"window/windows", "window/eval_window", "model/arch/pattern", "arm"} <= set(hparams)
+    experiment = metadata.parse_experiment_plugin_data(content[metadata.EXPERIMENT_TAG])
+    assert {m.name.tag for m in experiment.metric_infos} == {"hp/val_loss", "hp/val_bpb"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pattern", ["A", "S", "X", "SD", "SA"])
+def test_baseline_and_hybrid_configs_train(tmp_path, pattern):
+    """Each pattern's tiny config (an `extends:` file) trains a few steps and validates through the CLI."""
+    out = _main("fit", "--config", str(ROOT / f"configs/tiny_{pattern}.yaml"), "--data.data_dir",
+                str(tmp_path / "data"), "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
+                "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "3", "--trainer.val_check_interval",
+                "3", "--trainer.limit_val_batches", "1", "--data.batch_size", "2", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    config = (tmp_path / f"runs/tiny/{pattern}/config.yaml").read_text()
+    assert f"pattern: {pattern}" in config and "d_model: 128" in config  # the arm on top of tiny.yaml

@@ -21,10 +21,20 @@ ARMS = {  # arm file: (nominal parameters, windows, probs)
 
 
 def resolve(path: Path) -> dict:
-    """A config file with its nested section files (jsonargparse's `section: file.yaml`) read in."""
+    """A config file with its nested section files (jsonargparse's `section: file.yaml`) read in and its
+    `extends:` base merged under it (SwaxCLI's rule)."""
     cfg = yaml.safe_load(path.read_text())
-    return {k: yaml.safe_load((path.parent / v).read_text()) if isinstance(v, str) and v.endswith(".yaml") else v
-            for k, v in cfg.items()}
+    base = resolve(path.parent / cfg.pop("extends")) if "extends" in cfg else {}
+    own = {k: yaml.safe_load((path.parent / v).read_text()) if isinstance(v, str) and v.endswith(".yaml") else v
+           for k, v in cfg.items()}
+    return _merge(base, own)
+
+
+def _merge(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for key, value in top.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 @pytest.mark.parametrize("arm", sorted(ARMS))
@@ -48,7 +58,18 @@ def test_paper_arm(arm):
     assert cfg["experiment"] == "swax_" + arm.split("_")[0]  # runs/swax_1.4b/<arm>/, runs/swax_7b/<arm>/
 
 
-@pytest.mark.parametrize("arm", ["tiny", "tiny_w16", "tiny_stochastic"])
+@pytest.mark.parametrize("pattern", ["A", "S", "X", "SD", "SA"])
+def test_1_4b_baselines_and_hybrids(pattern):
+    cfg = resolve(CONFIGS / f"1.4b_{pattern}.yaml")
+    arch = ModelConfig(**cfg["model"]["arch"])
+    assert arch.pattern == pattern and cfg["arm"] == pattern and cfg["experiment"] == "swax_1.4b"
+    with torch.device("meta"):
+        n_params = SWAXModel(arch).num_params()
+    assert abs(n_params - 1.4e9) / 1.4e9 < 0.05, f"{pattern}: {n_params / 1e9:.3f}B"
+
+
+@pytest.mark.parametrize("arm", ["tiny", "tiny_w16", "tiny_stochastic", "tiny_A", "tiny_S", "tiny_X", "tiny_SD",
+                                 "tiny_SA"])
 def test_tiny_arms_resolve(arm):
     cfg = resolve(CONFIGS / f"{arm}.yaml")
     ModelConfig(**cfg["model"]["arch"])

@@ -131,3 +131,32 @@ def test_corrupt_or_missing_shard_is_named(prepared, tmp_path, damage):
     expected = "index.json" if damage == "index" else chunk.name
     with pytest.raises((ValueError, FileNotFoundError), match=expected):
         dm.setup("fit")
+
+
+def test_hf_tokenizer_json_trained_offline(source, tmp_path):
+    """A byte-level BPE trained here with HF tokenizers (no download) drives the whole data path."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train([str(p) for p in sorted(source.glob("*.txt"))],
+              trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    dm = TextDataModule(source=str(source), tokenizer=str(path), data_dir=str(tmp_path / "d"), seq_len=15,
+                        batch_size=2, val_fraction=0.2)
+    dm.prepare_data()
+    dm.setup("fit")
+    assert dm.tokenizer.vocab_size <= 300 and dm.tokenizer.eos_id == tok.token_to_id("<|endoftext|>")
+    assert dm.meta["bytes_per_token"] > 1.5  # BPE merges bytes
+    batch = next(iter(dm.train_dataloader()))
+    assert batch.shape == (2, 16) and int(batch.long().max()) < dm.tokenizer.vocab_size
+    assert "word word" in dm.tokenizer.decode(dm.tokenizer.encode("Document 3. word word"))
+
+
+def test_missing_tokenizer_file_is_named(tmp_path):
+    dm = TextDataModule(source="embedded", tokenizer=str(tmp_path / "nope.json"), data_dir=str(tmp_path / "d"))
+    with pytest.raises(FileNotFoundError, match="nope.json"):
+        dm.prepare_data()

@@ -7,7 +7,7 @@ from swax_lightning.inference import generate, left_pad, prefill, sample
 from swax_lightning.model import SWAXModel
 
 # A larger init and open input gates make every mixer matter to the logits, so a wrong cache cannot hide.
-BASE = dict(vocab_size=50, d_model=32, n_heads=4, mlstm_heads=2, chunk_size=8, window=5, init_std=0.2,
+BASE = dict(vocab_size=50, d_model=32, n_heads=4, mlstm_heads=2, deltanet_heads=2, chunk_size=8, window=5, init_std=0.2,
             igate_bias_init=0.0)
 
 
@@ -23,7 +23,8 @@ def _streamed_logits(model, idx, chunk_len):
     return prefill(model, idx, positions, caches, chunk_len, return_all=True)
 
 
-@pytest.mark.parametrize("pattern,n_sink", [("S", 0), ("S", 2), ("X", 0), ("A", 0), ("SX", 0), ("SX", 3)])
+@pytest.mark.parametrize("pattern,n_sink", [("S", 0), ("S", 2), ("X", 0), ("A", 0), ("SX", 0), ("SX", 3), ("D", 0),
+                                            ("SD", 2)])
 @pytest.mark.parametrize("chunk_len", [1, 3, 16, 64])
 def test_chunked_prefill_and_decode_equal_full_forward(pattern, n_sink, chunk_len):
     model = _model(pattern, n_sink=n_sink)

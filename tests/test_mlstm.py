@@ -1,4 +1,4 @@
-"""mLSTM cell: parallel, chunkwise and recurrent forms agree; carried state equals one pass; extreme gates are finite."""
+"""mLSTM cell: parallel, chunkwise and recurrent forms agree; carried state equals one pass; extreme gates finite."""
 import pytest
 import torch
 import torch.nn.functional as F

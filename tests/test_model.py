@@ -5,7 +5,7 @@ import torch
 from swax_lightning.config import ConfigError, ModelConfig
 from swax_lightning.model import SWAXModel
 
-SMALL = dict(vocab_size=50, d_model=32, n_heads=4, mlstm_heads=2, chunk_size=8, window=5)
+SMALL = dict(vocab_size=50, d_model=32, n_heads=4, mlstm_heads=2, deltanet_heads=2, chunk_size=8, window=5)
 
 
 def _model(pattern, n_layers=None, seed=0, **overrides):
@@ -14,7 +14,8 @@ def _model(pattern, n_layers=None, seed=0, **overrides):
     return SWAXModel(cfg).double().eval()
 
 
-@pytest.mark.parametrize("pattern,n_sink", [("S", 0), ("S", 2), ("X", 0), ("A", 0), ("SX", 0), ("SX", 2)])
+@pytest.mark.parametrize("pattern,n_sink", [("S", 0), ("S", 2), ("X", 0), ("A", 0), ("SX", 0), ("SX", 2), ("D", 0),
+                                            ("SD", 2), ("SA", 0)])
 def test_causality(pattern, n_sink):
     model = _model(pattern, n_sink=n_sink)
     idx = torch.randint(0, 50, (2, 29))
@@ -83,6 +84,7 @@ def test_bf16_autocast_forward_backward_finite():
     ("n_layers", 3),          # not a multiple of len("SX")
     ("n_kv_heads", 3),        # does not divide n_heads
     ("mlstm_heads", 3),       # does not divide the q/k width
+    ("deltanet_heads", 3),
     ("norm_eps", 0.0),
 ])
 def test_bad_config_names_the_field(field, value):

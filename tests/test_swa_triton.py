@@ -12,6 +12,7 @@ CASES = [  # T, W, n_sink, Hq, Hkv, D
     (100, 1, 4, 2, 1, 32),     # W = 1 with sinks, multi-query
     (130, 17, 0, 4, 2, 32),    # W < T, T not a multiple of the block, GQA
     (130, 17, 4, 4, 2, 64),    # the same with sinks, head dim 64
+    (70, 33, 4, 2, 2, 128),    # head dim 128
     (200, 70, 4, 2, 2, 32),    # window spanning more than one key block
     (64, 64, 4, 2, 2, 64),     # W = T = one block
     (90, 500, 4, 2, 2, 32),    # W > T: full causal

@@ -17,7 +17,8 @@ the reference after that norm. With a_ts = e^{F_t - F_s + i_s - m_t} / N_t:
     dv_s = sum_t a_ts (q_t.k_s) dh_t + w_s dC_end^T k_s,
 where dC_end (the gradient reaching the state at a chunk's end) comes from `_bwd_dstates_kernel`, a reverse loop over
 chunks. The gate gradients need no kernel: the pair log-weight is F_t - F_s + i_s, so
-    d i~_s = k_s . dk_s,   dF_u = q_u . dq_u - k_u . dk_u,   d log f_j = sum_{u >= j} dF_u,   d f~ = d log f * sigmoid(-f~).
+    d i~_s = k_s . dk_s,   dF_u = q_u . dq_u - k_u . dk_u,   d log f_j = sum_{u >= j} dF_u,
+    d f~ = d log f * sigmoid(-f~).
 The final state is an output without gradient; an initial state is an input without gradient (streaming inference).
 
 Block sizes: chunk L (the layer's chunk_size: a power of two, 16..128), DQK and DV tiles of 64 (head dims up to 256 for
