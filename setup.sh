@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Creates .venv and installs swax-lightning's dependencies; the README and .ci/run both call this.
-# Two steps: requirements.txt resolves normally (torch pinned), then requirements-nodeps.txt goes in with --no-deps
-# so that litdata's unpinned torchvision is never resolved (../shared/DESIGN.md section 6).
+#   bash setup.sh        the core: training, inference, RULER / BABILong / perplexity evaluations (2.0 GB venv)
+#   bash setup.sh eval   also the optional lm-evaluation-harness group (requirements-eval.txt, +0.6 GB)
+# requirements.txt resolves normally (torch pinned), then requirements-nodeps.txt goes in with --no-deps so that
+# litdata's unpinned torchvision is never resolved (../shared/DESIGN.md section 6).
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
@@ -9,4 +11,8 @@ PYTHON=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -r requirements.txt
 .venv/bin/python -m pip install -q --no-deps -r requirements-nodeps.txt
+for group in "$@"; do
+  [ -f "requirements-$group.txt" ] || { echo "setup.sh: unknown group '$group' (no requirements-$group.txt)" >&2; exit 2; }
+  .venv/bin/python -m pip install -q -r "requirements-$group.txt"
+done
 .venv/bin/python -c "import torch, triton, lightning, litdata; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), '| triton', triton.__version__, '| lightning', lightning.__version__, '| litdata', litdata.__version__)"

@@ -2,6 +2,8 @@
 
 - `window:` (a YAML section) configures the StochasticWindow callback, always installed: a fixed window, the
   paper's stochastic mix, or empty for the model's own window.
+- `eval:` configures the EvalSuite callback (swax_lightning/evals/suite.py), always installed: the evaluations that
+  `main.py test` runs after its test loop (none when empty).
 - `experiment:` and `arm:` name the run: a TensorBoardLogger then writes to runs/<experiment>/<arm>/ (its save_dir,
   then name = experiment, version = arm), so `tensorboard --logdir runs` lines the arms of a study up side by side,
   and a rerun or resume of an arm continues in the same folder.
@@ -19,6 +21,7 @@ from pathlib import Path
 import yaml
 from lightning.pytorch.cli import LightningCLI
 
+from swax_lightning.evals.suite import EvalSuite
 from swax_lightning.window import StochasticWindow
 
 
@@ -31,6 +34,7 @@ class SwaxCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_lightning_class_args(StochasticWindow, "window")
+        parser.add_lightning_class_args(EvalSuite, "eval")
         parser.add_argument("--experiment", type=str | None, default=None,
                             help="Study name: TensorBoard runs go to <save_dir>/<experiment>/<arm>/")
         parser.add_argument("--arm", type=str | None, default=None,

@@ -13,6 +13,7 @@ Decisions:
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass, field
 
 import lightning as L
@@ -103,13 +104,21 @@ class LanguageModule(L.LightningModule):
                 self.model = build_local(self.arch, **wrappers)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        saved = checkpoint.get("hyper_parameters", {}).get("arch")
-        if saved is not None and ModelConfig(**saved) != self.arch:
-            diff = {k: (v, getattr(self.arch, k)) for k, v in ModelConfig(**saved).__dict__.items()
-                    if getattr(self.arch, k) != v}
-            raise ValueError(f"the checkpoint was trained with another model config; differing fields "
-                             f"(checkpoint, configured): {diff}")
+        """Refuses a checkpoint whose weights do not fit the configured model, naming the config fields that differ;
+        fields that change no weight shape (window, eps, ...) only warn."""
         self.configure_model()  # load_from_checkpoint outside a Trainer never calls configure_model
+        saved = checkpoint.get("hyper_parameters", {}).get("arch")
+        saved = ModelConfig(**saved).__dict__ if saved is not None else {}
+        diff = {k: (v, getattr(self.arch, k)) for k, v in saved.items() if getattr(self.arch, k) != v}
+        ours = {k: v.shape for k, v in self.state_dict().items()}
+        theirs = {k: v.shape for k, v in checkpoint.get("state_dict", {}).items()}
+        if theirs and ours != theirs:
+            wrong = sorted(set(ours) ^ set(theirs)) or [k for k in ours if ours[k] != theirs[k]]
+            raise ValueError(f"the checkpoint does not fit the configured model (first differences: {wrong[:3]}); "
+                             f"differing config fields (checkpoint, configured): {diff}")
+        if diff:
+            warnings.warn(f"checkpoint config differs in fields that keep the weight shapes (checkpoint, "
+                          f"configured): {diff}", stacklevel=2)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)

@@ -1,4 +1,5 @@
 """End to end through the command line: fit, then test from the checkpoint; --print_config; bad values named."""
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -28,10 +29,35 @@ def test_fit_then_test_from_checkpoint(tmp_path):
     assert list((tmp_path / "runs/tiny/w64").glob("events.out.tfevents.*"))
     _assert_hparams_entry(tmp_path / "runs")
     test = _main("test", *_overrides(tmp_path), "--ckpt_path", str(ckpt), "--trainer.limit_test_batches", "2",
-                 cwd=tmp_path)
+                 *SMALL_EVAL, cwd=tmp_path)
     assert test.returncode == 0, test.stderr[-3000:]
     for metric in ("test/loss", "test/ppl", "test/bpb"):
         assert metric in test.stdout
+    _assert_eval_reports(tmp_path / "runs/tiny/w64")
+
+
+# The evaluation suite at CI size (the README's figures come from configs/base/tiny_eval.yaml, out to 131k tokens).
+SMALL_EVAL = ["--eval.niah_tasks", "[niah_single_1, niah_multikey_2]", "--eval.niah_lengths", "[1024, 2048]",
+              "--eval.niah_samples", "2", "--eval.babilong_tasks", "[qa1, qa4]", "--eval.babilong_lengths",
+              "[0, 1024]", "--eval.perplexity_len", "512", "--eval.perplexity_samples", "2", "--eval.max_new_tokens",
+              "16"]
+
+
+def _assert_eval_reports(run):
+    results = json.loads((run / "eval/results.json").read_text())
+    assert set(results["niah"]["scores"]) == {"niah_single_1", "niah_multikey_2", "average"}
+    assert set(results["niah"]["scores"]["average"]) == {"1024", "2048"}
+    assert set(results["babilong"]["scores"]["qa1"]) == {"0", "1024"}
+    assert [r["to"] for r in results["perplexity"]] == [64, 128, 256, 512]
+    assert len(results["samples"]) == 2 * 2 * 2 + 2 * 2
+    assert "RULER NIAH" in (run / "eval/results.md").read_text()
+    assert (run / "eval/niah_heatmap.png").stat().st_size > 1000
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run), size_guidance={"images": 0})
+    events.Reload()
+    assert "eval/niah/average/2048" in events.Tags()["scalars"]
+    assert "eval/niah_heatmap" in events.Tags()["images"]
 
 
 def test_print_config(tmp_path):

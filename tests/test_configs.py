@@ -8,6 +8,7 @@ import torch
 import yaml
 
 from swax_lightning.config import ModelConfig
+from swax_lightning.evals.suite import EvalSuite
 from swax_lightning.model import SWAXModel
 from swax_lightning.window import StochasticWindow
 
@@ -56,6 +57,8 @@ def test_paper_arm(arm):
     assert cb.anneal_fraction == 0.1 and cb.anneal_window == max(windows)
     assert cb.eval_window == (2048 if len(windows) > 1 else windows[0])
     assert cfg["experiment"] == "swax_" + arm.split("_")[0]  # runs/swax_1.4b/<arm>/, runs/swax_7b/<arm>/
+    suite = EvalSuite(**cfg["eval"])  # the paper's evaluation set
+    assert len(suite.niah_tasks) == 8 and max(suite.niah_lengths) == 131072 and suite.lm_eval_tasks
 
 
 @pytest.mark.parametrize("pattern", ["A", "S", "X", "SD", "SA"])
@@ -75,6 +78,7 @@ def test_tiny_arms_resolve(arm):
     ModelConfig(**cfg["model"]["arch"])
     StochasticWindow(**cfg["window"])
     assert cfg["trainer"]["accelerator"] == "cpu"
+    assert EvalSuite(**cfg["eval"]).enabled
 
 
 def test_headline_config_parses_through_the_cli(tmp_path):

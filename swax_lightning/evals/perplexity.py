@@ -1,0 +1,58 @@
+"""Perplexity and bits per byte on held-out shards, by token position: does the loss keep falling beyond the window
+and beyond the training length?
+
+Sequences of `length` tokens are read from the validation shards (litdata, TokensLoader with a longer block than in
+training) and streamed through the model in chunks with the inference state carried (bounded memory at any length).
+The next-token loss is accumulated per position bucket [0, 64), [64, 128), [128, 256), ... (powers of two).
+
+Decision: bits per byte uses the bytes per token measured on the same held-out text (the data module's meta.json).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from litdata import StreamingDataset, TokensLoader
+from tqdm import tqdm
+
+from swax_lightning.model import SWAXModel
+
+
+def bucket_edges(length: int, first: int = 64) -> list[int]:
+    edges = [0, first]
+    while edges[-1] < length:
+        edges.append(min(2 * edges[-1], length))
+    return edges
+
+
+@torch.no_grad()
+def position_losses(model: SWAXModel, val_dir: str | Path, length: int, samples: int, chunk_len: int = 2048,
+                    bytes_per_token: float = 1.0) -> list[dict]:
+    """Mean loss (nats), perplexity and bits per byte per position bucket over `samples` sequences of `length`."""
+    dataset = StreamingDataset(str(val_dir), item_loader=TokensLoader(block_size=length + 1), shuffle=False)
+    if len(dataset) == 0:
+        raise ValueError(f"no sequence of {length + 1} tokens in {val_dir}: lower perplexity_len")
+    edges = bucket_edges(length)
+    total, count = torch.zeros(len(edges) - 1, dtype=torch.float64), torch.zeros(len(edges) - 1)
+    bucket_of = torch.bucketize(torch.arange(length), torch.tensor(edges[1:]), right=True)
+    device = model.embed.weight.device
+    for i in tqdm(range(min(samples, len(dataset))), desc=f"perplexity@{length}", leave=False):
+        tokens = torch.as_tensor(np.asarray(dataset[i], dtype=np.int64), device=device)[None]
+        caches = model.new_caches(1, dtype=model.embed.weight.dtype)
+        losses = []
+        for start in range(0, length, chunk_len):
+            end = min(start + chunk_len, length)
+            logits = model(tokens[:, start:end], caches, torch.arange(start, end, device=device)[None])
+            losses.append(F.cross_entropy(logits[0].float(), tokens[0, start + 1:end + 1], reduction="none").cpu())
+        loss = torch.cat(losses).double()
+        total.index_add_(0, bucket_of, loss)
+        count.index_add_(0, bucket_of, torch.ones(length))
+    rows = []
+    for b in range(len(edges) - 1):
+        mean = float(total[b] / count[b])
+        rows.append({"from": edges[b], "to": edges[b + 1], "loss": mean, "ppl": math.exp(mean),
+                     "bpb": mean / math.log(2) / bytes_per_token})
+    return rows
