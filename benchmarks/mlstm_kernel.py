@@ -15,27 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import measure  # noqa: E402
 from kernels.mlstm.chunk import mlstm_chunkwise  # noqa: E402
-
-
-def bench_ms(fn, device) -> float:
-    if device == "cuda":
-        import triton.testing
-
-        return triton.testing.do_bench(fn, warmup=5, rep=30)
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * sorted(times)[1]
 
 
 def implementations(chunk: int):
@@ -65,26 +52,11 @@ def main() -> None:
             reference = mlstm_chunkwise(q.float(), k.float(), v.float(), i_pre, f_pre, chunk_size=args.chunk)[0]
             for name, fn in implementations(args.chunk).items():
                 row = {"impl": name, "shape": shape, "T": T}
-                try:
-                    out = fn(q, k, v, i_pre, f_pre)
-                    row["max_abs_err"] = float((out.float() - reference).abs().max())
-                    row["fwd_ms"] = bench_ms(lambda: fn(q, k, v, i_pre, f_pre), args.device)
-                    leaves = [x.clone().requires_grad_() for x in (q, k, v, i_pre, f_pre)]
-                    grad = torch.randn_like(out)
-
-                    def fwd_bwd():
-                        h = F.rms_norm(fn(*leaves).float(), (dv,))
-                        torch.autograd.grad(h, leaves, grad.float())
-
-                    row["fwd_bwd_ms"] = bench_ms(fwd_bwd, args.device)
+                measure(row, fn, [q, k, v, i_pre, f_pre], reference,
+                        lambda out: F.rms_norm(out.float(), (dv,)).sum(), args.device)  # as in the layer
+                if "error" not in row:
                     row["fwd_tokens_per_s"] = T / row["fwd_ms"] * 1e3
                     row["fwd_bwd_tokens_per_s"] = T / row["fwd_bwd_ms"] * 1e3
-                except torch.OutOfMemoryError:
-                    row["error"] = "out of memory"
-                except Exception as err:  # noqa: BLE001 - one failing implementation must not stop the table
-                    row["error"] = f"{type(err).__name__}: {err}"[:120]
-                if args.device == "cuda":
-                    torch.cuda.empty_cache()
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     print("\n| impl | heads x dqk x dv | T | fwd ms | fwd tokens/s | fwd+bwd ms | fwd+bwd tokens/s | max abs err |")

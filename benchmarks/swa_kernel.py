@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import measure  # noqa: E402
 from kernels.swa.blocked import swa_blocked  # noqa: E402
 from kernels.swa.naive import sliding_window_mask  # noqa: E402
 
@@ -32,19 +32,6 @@ def visible_pairs(T: int, W: int, n_sink: int) -> int:
     in_window = torch.minimum(t + 1, torch.tensor(float(W)))
     sinks = torch.clamp(torch.minimum(t - W + 1, torch.tensor(float(n_sink))), min=0)
     return int((in_window + sinks).sum())
-
-
-def bench_ms(fn, device) -> float:
-    if device == "cuda":
-        import triton.testing
-
-        return triton.testing.do_bench(fn, warmup=10, rep=50)
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * sorted(times)[1]
 
 
 def implementations(W: int, n_sink: int, T: int, device: str, max_dense: int):
@@ -103,26 +90,12 @@ def main() -> None:
             flops = 4 * args.head_dim * visible_pairs(T, W, args.n_sink) * args.batch * args.heads
             for name, fn in implementations(W, args.n_sink, T, args.device, args.max_dense).items():
                 row = {"impl": name, "T": T, "W": W, "n_sink": args.n_sink if name != "flash-attn" else 0}
-                try:
-                    out = fn(q, k, v)
-                    row["max_abs_err"] = float((out.float() - reference).abs().max()) if row["n_sink"] == \
-                        args.n_sink else None
-                    row["fwd_ms"] = bench_ms(lambda: fn(q, k, v), args.device)
-                    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
-                    grad = torch.randn_like(out)
-
-                    def fwd_bwd():
-                        torch.autograd.grad(fn(qg, kg, vg), (qg, kg, vg), grad)
-
-                    row["fwd_bwd_ms"] = bench_ms(fwd_bwd, args.device)
+                grad = torch.randn_like(q)
+                measure(row, fn, [q, k, v], reference if row["n_sink"] == args.n_sink else None,
+                        lambda out: (out.float() * grad).sum(), args.device)
+                if "error" not in row:
                     row["fwd_tflops"] = flops / row["fwd_ms"] / 1e9
                     row["fwd_bwd_tflops"] = 3.5 * flops / row["fwd_bwd_ms"] / 1e9
-                except torch.OutOfMemoryError:
-                    row["error"] = "out of memory"
-                except Exception as err:  # noqa: BLE001 - one failing baseline must not stop the table
-                    row["error"] = f"{type(err).__name__}: {err}"[:120]
-                if args.device == "cuda":
-                    torch.cuda.empty_cache()
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     print("\n| impl | T | W | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s | max abs err |")

@@ -67,6 +67,15 @@ def _key_blocks(m0, T, W, N_SINK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _scores_block(q, k_base, v_base, n0, d, sk_t, T, scale, BLOCK_N: tl.constexpr, NATIVE: tl.constexpr):
+    """Key positions s, key and value tiles, and the base-2 scaled scores q k^T of the key block at n0."""
+    s = n0 + tl.arange(0, BLOCK_N)
+    kb = _tile(k_base + s[:, None] * sk_t + d[None, :], s[:, None] < T, NATIVE)
+    vb = _tile(v_base + s[:, None] * sk_t + d[None, :], s[:, None] < T, NATIVE)
+    return s, kb, vb, tl.dot(q, tl.trans(kb)) * (scale * 1.4426950408889634)
+
+
+@triton.jit
 def _next_key_block(n0, lo, BLOCK_N: tl.constexpr):
     """After the sink block, jump to the window."""
     return tl.where(n0 + BLOCK_N < lo, lo, n0 + BLOCK_N)
@@ -85,10 +94,7 @@ def _fwd_kernel(Q, K, V, O, LSE, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, so_b, so_t,
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     n0, lo, hi = _key_blocks(m0, T, W, N_SINK, BLOCK_M, BLOCK_N)
     while n0 < hi:
-        s = n0 + tl.arange(0, BLOCK_N)
-        kb = _tile(k_base + s[:, None] * sk_t + d[None, :], s[:, None] < T, NATIVE)
-        vb = _tile(v_base + s[:, None] * sk_t + d[None, :], s[:, None] < T, NATIVE)
-        scores = tl.dot(q, tl.trans(kb)) * (scale * 1.4426950408889634)
+        s, kb, vb, scores = _scores_block(q, k_base, v_base, n0, d, sk_t, T, scale, BLOCK_N, NATIVE)
         scores = tl.where(_visible(t, s, T, W, N_SINK), scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -120,10 +126,7 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, sq_b, sq_t, sq_h, sk_b, sk_t, sk
     dq = tl.zeros([BLOCK_M, D], tl.float32)
     n0, lo, hi = _key_blocks(m0, T, W, N_SINK, BLOCK_M, BLOCK_N)
     while n0 < hi:
-        s = n0 + tl.arange(0, BLOCK_N)
-        kb = _tile(k_base + s[:, None] * sk_t + d[None, :], s[:, None] < T, NATIVE)
-        vb = _tile(v_base + s[:, None] * sk_t + d[None, :], s[:, None] < T, NATIVE)
-        scores = tl.dot(q, tl.trans(kb)) * (scale * 1.4426950408889634)
+        s, kb, vb, scores = _scores_block(q, k_base, v_base, n0, d, sk_t, T, scale, BLOCK_N, NATIVE)
         p = tl.where(_visible(t, s, T, W, N_SINK), tl.exp2(scores - lse[:, None]), 0.0)
         dp = tl.dot(do, tl.trans(vb))
         ds = p * (dp - delta[:, None])
