@@ -27,6 +27,7 @@ from pathlib import Path
 
 import lightning as L
 import numpy as np
+from torch.utils.data import DataLoader
 from litdata import StreamingDataLoader, StreamingDataset, TokensLoader, optimize
 
 from swax_lightning.corpus import EMBEDDED, document_refs, is_validation, read_documents
@@ -65,11 +66,13 @@ class TextDataModule(L.LightningDataModule):
         val_fraction: Share of documents held out for validation (split by document).
         num_workers: DataLoader worker processes.
         seed: Shuffle seed of the training stream.
+        prompts: Prompts for `main.py predict` (continued with the model's `generation` settings).
+        prompts_file: A text file with one prompt per line, for `main.py predict`.
     """
 
     def __init__(self, source: str | None = EMBEDDED, tokenizer: str = "byte", data_dir: str | None = None,
                  seq_len: int = 512, batch_size: int = 16, val_fraction: float = 0.02, num_workers: int = 0,
-                 seed: int = 0):
+                 seed: int = 0, prompts: list[str] | None = None, prompts_file: str | None = None):
         super().__init__()
         self.save_hyperparameters()  # kept in checkpoints: inference finds the tokenizer there
         if seq_len < 1:
@@ -83,6 +86,7 @@ class TextDataModule(L.LightningDataModule):
         self.source, self.tokenizer_spec = source, tokenizer
         self.seq_len, self.batch_size, self.val_fraction = seq_len, batch_size, val_fraction
         self.num_workers, self.seed = num_workers, seed
+        self.prompts, self.prompts_file = list(prompts or []), prompts_file
         self.data_dir = Path(data_dir or f"data/{self._slug()}")
         self.meta: dict = {}
         self.datasets: dict[str, StreamingDataset] = {}
@@ -170,6 +174,18 @@ class TextDataModule(L.LightningDataModule):
 
     def test_dataloader(self):
         return self._loader("val")
+
+    def predict_dataloader(self):
+        """Batches of prompt strings (data.prompts, then the lines of data.prompts_file)."""
+        prompts = list(self.prompts)
+        if self.prompts_file:
+            path = Path(self.prompts_file)
+            if not path.is_file():
+                raise FileNotFoundError(f"TextDataModule.prompts_file not found: {path}")
+            prompts += [line for line in path.read_text().splitlines() if line.strip()]
+        if not prompts:
+            raise ValueError("main.py predict needs --data.prompts '[...]' or --data.prompts_file FILE")
+        return DataLoader(prompts, batch_size=self.batch_size, collate_fn=list)
 
 
 def _read_index(split_dir: Path) -> dict:

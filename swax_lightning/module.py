@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torchmetrics.aggregation import MeanMetric
 
 from swax_lightning.config import ModelConfig
+from swax_lightning.inference import generate
 from swax_lightning.model import SWAXModel
 from swax_lightning.parallel import build_local, build_sharded
 
@@ -64,6 +65,27 @@ class OptimConfig:
         return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+@dataclass
+class GenerationConfig:
+    """Decoding for `main.py predict`.
+
+    Args:
+        max_new_tokens: Tokens generated per prompt.
+        temperature: 0 = greedy; otherwise the sampling temperature.
+        top_k: Keep the k most likely tokens (0 = all).
+        top_p: Nucleus sampling mass (1 = all).
+        chunk_len: Prefill chunk length.
+        seed: Sampling seed.
+    """
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    chunk_len: int = 2048
+    seed: int = 0
+
+
 class LanguageModule(L.LightningModule):
     """Next-token language modelling with a SWAX model.
 
@@ -72,14 +94,18 @@ class LanguageModule(L.LightningModule):
         optim: Optimizer and learning-rate schedule (OptimConfig fields).
         activation_checkpointing: Recompute each block's activations in the backward pass (saves memory).
         compile: torch.compile each block.
+        generation: Decoding settings of `main.py predict` (GenerationConfig fields).
     """
 
     def __init__(self, arch: ModelConfig | None = None, optim: OptimConfig | None = None,
-                 activation_checkpointing: bool = False, compile: bool = False):
+                 activation_checkpointing: bool = False, compile: bool = False,
+                 generation: GenerationConfig | None = None):
         super().__init__()
         arch = ModelConfig(**arch) if isinstance(arch, dict) else (arch or ModelConfig())
         optim = OptimConfig(**optim) if isinstance(optim, dict) else (optim or OptimConfig())
         self.arch, self.optim = arch, optim
+        self.generation = GenerationConfig(**generation) if isinstance(generation, dict) else \
+            (generation or GenerationConfig())
         self.activation_checkpointing, self.compile_blocks = activation_checkpointing, compile
         self.save_hyperparameters({"arch": asdict(arch), "optim": asdict(optim),
                                    "activation_checkpointing": activation_checkpointing, "compile": compile})
@@ -143,6 +169,16 @@ class LanguageModule(L.LightningModule):
     def test_step(self, batch: torch.Tensor, batch_idx: int) -> None:
         loss, n = self.loss(batch)
         self.test_loss.update(loss, weight=n)
+
+    def predict_step(self, batch: list[str], batch_idx: int) -> list[dict]:
+        """Continue each prompt of the batch (streaming inference) and print it; returns prompt/continuation pairs."""
+        tokenizer, g = self.trainer.datamodule.tokenizer, self.generation
+        outputs = generate(self.model, [tokenizer.encode(p) for p in batch], g.max_new_tokens, g.temperature, g.top_k,
+                           g.top_p, stop_tokens=[tokenizer.eos_id], chunk_len=g.chunk_len, seed=g.seed + batch_idx)
+        results = [{"prompt": p, "continuation": tokenizer.decode(o)} for p, o in zip(batch, outputs)]
+        for r in results:
+            self.print(f"--- prompt: {r['prompt']!r}\n{r['prompt']}{r['continuation']}\n")
+        return results
 
     def on_validation_epoch_end(self) -> None:
         self._log_eval("val", self.val_loss)

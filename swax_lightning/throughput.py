@@ -5,6 +5,7 @@ ThroughputMonitor needs two functions (batch -> sequences, batch -> items), whic
 blocks and measures the FLOPs of one training batch (forward + backward) with Lightning's `measure_flops` on a meta-
 device copy of the model (no memory, no compute), at the configured window. It logs train/device/items_per_sec
 (tokens/s per device), train/items_per_sec (all devices), samples_per_sec and, on GPUs Lightning knows, flops/mfu.
+Prediction (prompt strings, generation) is not counted.
 """
 from __future__ import annotations
 
@@ -37,6 +38,12 @@ class TokenThroughput(ThroughputMonitor):
 
     def __init__(self, window_size: int = 20):
         super().__init__(batch_size_fn=_sequences, length_fn=_tokens, window_size=window_size)
+
+    def on_predict_start(self, trainer, pl_module) -> None:
+        """Prediction batches are prompt strings, not token blocks: nothing to count."""
+
+    def on_predict_batch_end(self, *args, **kwargs) -> None:
+        """See on_predict_start."""
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         data = trainer.datamodule

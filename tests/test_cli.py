@@ -34,6 +34,12 @@ def test_fit_then_test_from_checkpoint(tmp_path):
     for metric in ("test/loss", "test/ppl", "test/bpb"):
         assert metric in test.stdout
     _assert_eval_reports(tmp_path / "runs/tiny/w64")
+    predict = _main("predict", *_overrides(tmp_path), "--ckpt_path", str(ckpt), "--data.prompts", '["def ", "x = "]',
+                    "--model.generation.max_new_tokens", "8", cwd=tmp_path)
+    assert predict.returncode == 0, predict.stderr[-3000:]
+    assert "--- prompt: 'def '" in predict.stdout and "--- prompt: 'x = '" in predict.stdout
+    no_prompts = _main("predict", *_overrides(tmp_path), "--ckpt_path", str(ckpt), cwd=tmp_path)
+    assert no_prompts.returncode != 0 and "data.prompts" in no_prompts.stderr
 
 
 # The evaluation suite at CI size (the README's figures come from configs/base/tiny_eval.yaml, out to 131k tokens).
