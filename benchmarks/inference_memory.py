@@ -82,7 +82,7 @@ def main() -> None:
                                  capture_output=True, text=True, check=True)
             results.append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(json.dumps(results[-1]), flush=True)
-    print(f"\n| pattern | tokens | time (s) | tokens/s | peak RSS (MB) | peak above start (MB) | state (MB) |")
+    print("\n| pattern | tokens | time (s) | tokens/s | peak RSS (MB) | peak above start (MB) | state (MB) |")
     print("|---|---|---|---|---|---|---|")
     for r in results:
         print(f"| {r['pattern']} | {r['length']:,} | {r['seconds']} | {r['tokens_per_s']:,} | {r['peak_rss_mb']} "

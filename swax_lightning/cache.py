@@ -20,7 +20,6 @@ import torch
 import torch.nn.functional as F
 
 
-
 def _attend(q, k, v, q_pos, k_pos, window: int | None, n_sink: int = 0):
     """SDPA of the L new queries q [B, L, Hq, D] over keys k, v [B, N, Hkv, D] whose last L are the new tokens'.
     Visibility from absolute positions q_pos [B, L], k_pos [B, N] (negative = empty slot or padding):

@@ -27,10 +27,11 @@ from pathlib import Path
 
 import lightning as L
 import numpy as np
-from torch.utils.data import DataLoader
 from litdata import StreamingDataLoader, StreamingDataset, TokensLoader, optimize
+from torch.utils.data import DataLoader
 
 from swax_lightning.corpus import EMBEDDED, document_refs, is_validation, read_documents
+from swax_lightning.inference import read_prompts
 from swax_lightning.tokenizer import load_tokenizer
 
 SPLITS = ("train", "val")
@@ -177,12 +178,7 @@ class TextDataModule(L.LightningDataModule):
 
     def predict_dataloader(self):
         """Batches of prompt strings (data.prompts, then the lines of data.prompts_file)."""
-        prompts = list(self.prompts)
-        if self.prompts_file:
-            path = Path(self.prompts_file)
-            if not path.is_file():
-                raise FileNotFoundError(f"TextDataModule.prompts_file not found: {path}")
-            prompts += [line for line in path.read_text().splitlines() if line.strip()]
+        prompts = read_prompts(self.prompts, self.prompts_file)
         if not prompts:
             raise ValueError("main.py predict needs --data.prompts '[...]' or --data.prompts_file FILE")
         return DataLoader(prompts, batch_size=self.batch_size, collate_fn=list)

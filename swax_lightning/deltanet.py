@@ -55,7 +55,7 @@ class GatedDeltaNetLayer(nn.Module):
         self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
 
     def new_cache(self, batch: int, dtype: torch.dtype, device) -> RecurrentCache:
-        like = torch.empty(0, dtype=torch.float64 if dtype == torch.float64 else torch.float32, device=device)
+        like = torch.empty(0, dtype=dtype, device=device)  # the state takes fp32 (fp64 for an fp64 model)
         return RecurrentCache(zero_state(batch, self.heads, self.qk_dim // self.heads, self.v_dim // self.heads, like))
 
     def forward(self, x: torch.Tensor, cache: RecurrentCache | None = None,

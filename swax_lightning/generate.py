@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from jsonargparse import CLI
 
-from swax_lightning.inference import generate
+from swax_lightning.inference import continue_texts, override_attention, read_prompts, show_continuation
 from swax_lightning.module import LanguageModule
 from swax_lightning.tokenizer import load_tokenizer
 
@@ -30,7 +30,9 @@ def load_model(ckpt_path: str | Path, device: str = "cpu"):
         checkpoint = torch.load(path, map_location=device, weights_only=False)
     except Exception as err:  # truncated or not a torch file
         raise ValueError(f"cannot read checkpoint {path}: {err}") from err
-    module = LanguageModule.load_from_checkpoint(path, map_location=device)
+    module = LanguageModule(**checkpoint.get("hyper_parameters", {}))
+    module.on_load_checkpoint(checkpoint)
+    module.load_state_dict(checkpoint["state_dict"])
     tokenizer_spec = checkpoint.get("datamodule_hyper_parameters", {}).get("tokenizer", "byte")
     return module.model.eval(), load_tokenizer(tokenizer_spec)
 
@@ -57,26 +59,15 @@ def main(ckpt_path: str, prompt: list[str] | None = None, prompts_file: str | No
         seed: Sampling seed.
         device: cpu or cuda.
     """
-    texts = list(prompt or [])
-    if prompts_file:
-        texts += [line for line in Path(prompts_file).read_text().splitlines() if line.strip()]
+    texts = read_prompts(prompt, prompts_file)
     if not texts:
         raise ValueError("give --prompt TEXT or --prompts_file FILE")
     model, tokenizer = load_model(ckpt_path, device)
-    if convert_full_attention:
-        if window is None:
-            raise ValueError("--convert_full_attention needs --window")
-        model.convert_full_attention(window, 4 if n_sink is None else n_sink)
-    if window is not None:
-        model.set_window(window)
-    if n_sink is not None:
-        model.set_sinks(n_sink)
-    ids = [tokenizer.encode(t) for t in texts]
-    outputs = generate(model, ids, max_new_tokens, temperature, top_k, top_p, stop_tokens=[tokenizer.eos_id],
-                       chunk_len=chunk_len, seed=seed)
-    continuations = [tokenizer.decode(o) for o in outputs]
+    override_attention(model, window, n_sink, convert_full_attention)
+    continuations = continue_texts(model, tokenizer, texts, max_new_tokens, temperature=temperature, top_k=top_k,
+                                   top_p=top_p, chunk_len=chunk_len, seed=seed)
     for text, cont in zip(texts, continuations):
-        print(f"--- prompt: {text!r}\n{text}{cont}\n")
+        print(show_continuation(text, cont))
     return continuations
 
 

@@ -16,10 +16,36 @@ Decisions:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
 from swax_lightning.model import SWAXModel
+
+
+def read_prompts(prompts: Sequence[str] | None = None, prompts_file: str | Path | None = None) -> list[str]:
+    """The given prompts, then the non-empty lines of prompts_file."""
+    texts = list(prompts or [])
+    if prompts_file:
+        path = Path(prompts_file)
+        if not path.is_file():
+            raise FileNotFoundError(f"prompts file not found: {path}")
+        texts += [line for line in path.read_text().splitlines() if line.strip()]
+    return texts
+
+
+def override_attention(model: SWAXModel, window: int | None = None, n_sink: int | None = None,
+                       convert_full_attention: bool = False) -> None:
+    """Inference-time attention settings: the sliding layers' window and sink count, and optionally full-attention
+    layers run as SWA(window, n_sink) (training-free conversion; 4 sinks unless n_sink is given)."""
+    if convert_full_attention:
+        if window is None:
+            raise ValueError("convert_full_attention needs a window")
+        model.convert_full_attention(window, 4 if n_sink is None else n_sink)
+    if window is not None:
+        model.set_window(window)
+    if n_sink is not None:
+        model.set_sinks(n_sink)
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int) -> None:
@@ -104,3 +130,17 @@ def generate(model: SWAXModel, prompts: Sequence[Sequence[int]], max_new_tokens:
         logits = model(token[:, None], caches, next_pos)[:, -1]
         next_pos = next_pos + 1
     return outputs
+
+
+def continue_texts(model: SWAXModel, tokenizer, texts: Sequence[str], max_new_tokens: int = 128,
+                   **decoding) -> list[str]:
+    """Text continuations of text prompts, stopping at the tokenizer's end-of-text; `decoding`: generate's
+    temperature, top_k, top_p, chunk_len, seed."""
+    outputs = generate(model, [tokenizer.encode(t) for t in texts], max_new_tokens,
+                       stop_tokens=[tokenizer.eos_id], **decoding)
+    return [tokenizer.decode(o) for o in outputs]
+
+
+def show_continuation(prompt: str, continuation: str) -> str:
+    """How the predict and generate commands print a result."""
+    return f"--- prompt: {prompt!r}\n{prompt}{continuation}\n"

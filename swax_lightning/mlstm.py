@@ -11,8 +11,8 @@ Decisions:
   over the heads in fgate_bias_init (3..6: from ~50 to ~400 steps of memory).
 - The per-head norm after the cell cancels the cell's normaliser scale; that is why gradients of the cell's forms are
   compared after this norm (DESIGN.md section 3).
-- Streaming inference passes an RecurrentCache: a chunk continues from its state with the chunkwise form, a single token
-  with the recurrent step. Padding tokens (positions < 0) get input gate 0 and forget gate 1: the state stays as is.
+- Streaming inference passes a RecurrentCache: a chunk continues from its state with the chunkwise form, a single
+  token with the recurrent step. Padding tokens (positions < 0) get input gate 0 and forget gate 1: the state stays as is.
 """
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ class MLSTMLayer(nn.Module):
         return soft_cap(i_pre, self.gate_soft_cap), soft_cap(f_pre, self.gate_soft_cap)
 
     def new_cache(self, batch: int, dtype: torch.dtype, device) -> RecurrentCache:
-        like = torch.empty(0, dtype=torch.float64 if dtype == torch.float64 else torch.float32, device=device)
+        like = torch.empty(0, dtype=dtype, device=device)  # the state takes fp32 (fp64 for an fp64 model)
         return RecurrentCache(MLSTMState.zeros(batch, self.heads, self.qk_dim // self.heads, self.v_dim // self.heads,
                                            like=like))
 

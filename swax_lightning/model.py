@@ -88,18 +88,22 @@ class SWAXModel(nn.Module):
             elif isinstance(module, GatedDeltaNetLayer):
                 module.reset_decay()
 
+    def attention_layers(self, sliding: bool | None = None) -> list[Attention]:
+        """The attention mixers: all, or only the sliding-window (True) or full-attention (False) ones."""
+        return [b.mixer for b in self.blocks
+                if isinstance(b.mixer, Attention) and (sliding is None or b.mixer.sliding == sliding)]
+
     def set_window(self, window: int) -> None:
-        """Window of every sliding-window layer (full-attention and mLSTM layers are unaffected)."""
+        """Window of every sliding-window layer (full-attention and recurrent layers are unaffected)."""
         if window < 1:
             raise ValueError(f"window must be >= 1 (got {window})")
-        for module in self.modules():
-            if isinstance(module, Attention):
-                module.set_window(window)
+        for layer in self.attention_layers(sliding=True):
+            layer.window = int(window)
 
     @property
     def window(self) -> int | None:
         """The current window of the sliding-window layers (None when the model has none)."""
-        return next((m.window for m in self.modules() if isinstance(m, Attention) and m.sliding), None)
+        return next((layer.window for layer in self.attention_layers(sliding=True)), None)
 
     def num_params(self, exclude_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
@@ -109,18 +113,16 @@ class SWAXModel(nn.Module):
         """Sink-token count of every sliding-window layer (an inference-time override)."""
         if n_sink < 0:
             raise ValueError(f"n_sink must be >= 0 (got {n_sink})")
-        for module in self.modules():
-            if isinstance(module, Attention):
-                module.set_sinks(n_sink)
+        for layer in self.attention_layers(sliding=True):
+            layer.n_sink = int(n_sink)
 
     def convert_full_attention(self, window: int, n_sink: int) -> None:
         """Turn every full-attention layer (A) into sliding-window attention with sinks, SWA(window, n_sink): the
         training-free conversion of arXiv 2608.28444. With window >= T it is exactly full attention."""
         if window < 1 or n_sink < 0:
             raise ValueError(f"window must be >= 1 and n_sink >= 0 (got {window}, {n_sink})")
-        for module in self.modules():
-            if isinstance(module, Attention) and not module.sliding:
-                module.sliding, module.window, module.n_sink = True, int(window), int(n_sink)
+        for layer in self.attention_layers(sliding=False):
+            layer.sliding, layer.window, layer.n_sink = True, int(window), int(n_sink)
 
     def new_caches(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> list:
         """Empty inference state, one per block, for the current window and sink settings."""

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torchmetrics.aggregation import MeanMetric
 
 from swax_lightning.config import ModelConfig
-from swax_lightning.inference import generate
+from swax_lightning.inference import continue_texts, show_continuation
 from swax_lightning.model import SWAXModel
 from swax_lightning.parallel import build_local, build_sharded
 
@@ -172,13 +172,11 @@ class LanguageModule(L.LightningModule):
 
     def predict_step(self, batch: list[str], batch_idx: int) -> list[dict]:
         """Continue each prompt of the batch (streaming inference) and print it; returns prompt/continuation pairs."""
-        tokenizer, g = self.trainer.datamodule.tokenizer, self.generation
-        outputs = generate(self.model, [tokenizer.encode(p) for p in batch], g.max_new_tokens, g.temperature, g.top_k,
-                           g.top_p, stop_tokens=[tokenizer.eos_id], chunk_len=g.chunk_len, seed=g.seed + batch_idx)
-        results = [{"prompt": p, "continuation": tokenizer.decode(o)} for p, o in zip(batch, outputs)]
-        for r in results:
-            self.print(f"--- prompt: {r['prompt']!r}\n{r['prompt']}{r['continuation']}\n")
-        return results
+        decoding = asdict(self.generation) | {"seed": self.generation.seed + batch_idx}
+        continuations = continue_texts(self.model, self.trainer.datamodule.tokenizer, batch, **decoding)
+        for prompt, continuation in zip(batch, continuations):
+            self.print(show_continuation(prompt, continuation))
+        return [{"prompt": p, "continuation": c} for p, c in zip(batch, continuations)]
 
     def on_validation_epoch_end(self) -> None:
         self._log_eval("val", self.val_loss)

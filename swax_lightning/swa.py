@@ -4,7 +4,8 @@
 Decisions:
 - The window is a plain Python attribute (`self.window`), not a buffer or parameter: the window callback changes it
   between steps with no rebuild and it is never saved in a checkpoint (it is a run-time setting; the config's
-  `window` is the evaluation default). A full-attention layer has window None and ignores set_window.
+  `window` is the evaluation default). A full-attention layer has window None; SWAXModel.set_window and set_sinks
+  change only the sliding layers.
 - RoPE at absolute positions (DESIGN.md section 2), so a query's relative view is the same at any offset.
 - GQA: n_kv_heads key/value heads shared by groups of query heads.
 - The attention itself is `kernels.sliding_window_attention`: the blocked O(T * W) PyTorch path on CPU, Triton on GPU
@@ -35,14 +36,6 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.d_model, self.n_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(cfg.d_model, self.n_kv_heads * self.head_dim, bias=False)
         self.out_proj = nn.Linear(self.n_heads * self.head_dim, cfg.d_model, bias=False)
-
-    def set_window(self, window: int) -> None:
-        if self.sliding:
-            self.window = int(window)
-
-    def set_sinks(self, n_sink: int) -> None:
-        if self.sliding:
-            self.n_sink = int(n_sink)
 
     def new_cache(self, batch: int, dtype: torch.dtype, device) -> WindowKVCache | FullKVCache:
         if self.sliding:

@@ -3,7 +3,7 @@ import json
 
 import pytest
 import torch
-from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
+from litdata import StreamingDataset, TokensLoader
 
 from swax_lightning.corpus import document_refs, is_validation, read_documents
 from swax_lightning.data import TextDataModule

@@ -5,7 +5,6 @@ from types import SimpleNamespace
 
 import lightning as L
 import pytest
-import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 

@@ -23,7 +23,6 @@ two from 16 to 256, GQA.
 """
 from __future__ import annotations
 
-import math
 
 import torch
 import triton
@@ -31,7 +30,7 @@ import triton.language as tl
 
 BLOCK_M = 64
 BLOCK_N = 64
-LOG2E = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)  # scores are kept in base 2 (exp2)
 
 
 @triton.jit
@@ -72,7 +71,7 @@ def _scores_block(q, k_base, v_base, n0, d, sk_t, T, scale, BLOCK_N: tl.constexp
     s = n0 + tl.arange(0, BLOCK_N)
     kb = _tile(k_base + s[:, None] * sk_t + d[None, :], s[:, None] < T, NATIVE)
     vb = _tile(v_base + s[:, None] * sk_t + d[None, :], s[:, None] < T, NATIVE)
-    return s, kb, vb, tl.dot(q, tl.trans(kb)) * (scale * 1.4426950408889634)
+    return s, kb, vb, tl.dot(q, tl.trans(kb)) * (scale * LOG2E)
 
 
 @triton.jit
@@ -164,7 +163,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, sq_b, sq_t, sq_h, sk_b, sk
             do = _tile(DO + row, t[:, None] < T, NATIVE)
             lse = tl.load(LSE + bh * T + t, mask=t < T, other=0.0)
             delta = tl.load(DELTA + bh * T + t, mask=t < T, other=0.0)
-            scores = tl.dot(q, tl.trans(kb)) * (scale * 1.4426950408889634)
+            scores = tl.dot(q, tl.trans(kb)) * (scale * LOG2E)
             visible = _visible(t, s, T, W, N_SINK) & (t[:, None] < T)
             p = tl.where(visible, tl.exp2(scores - lse[:, None]), 0.0)
             dv += tl.dot(tl.trans(p).to(do.dtype), do)

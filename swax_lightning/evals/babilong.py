@@ -23,7 +23,7 @@ import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from swax_lightning.evals.ruler import default_essay
+from swax_lightning.evals.ruler import default_essay, largest_fitting, prose_sentences
 
 PEOPLE = ["Mary", "John", "Daniel", "Sandra", "Fred", "Bill", "Julie", "Jeff"]
 PLACES = ["bathroom", "hallway", "kitchen", "garden", "office", "bedroom"]
@@ -137,7 +137,7 @@ class BabiLongGenerator:
     def __init__(self, tokenizer, max_new_tokens: int = 16, filler: str | None = None, seed: int = 0):
         self.tokenizer, self.max_new_tokens, self.seed = tokenizer, max_new_tokens, seed
         text = filler if filler is not None else default_essay()
-        self.filler = [s.strip() + "." for s in text.replace("\n", " ").split(". ") if len(s.split()) > 3]
+        self.filler = prose_sentences(text)
 
     def sample(self, task: str, length: int, index: int = 0) -> BabiSample:
         if task not in TASKS:
@@ -161,17 +161,10 @@ class BabiLongGenerator:
 
         n = 0
         if length > 0:
-            budget = length - self.max_new_tokens
-            if self._count(build(0)[0]) > budget:
+            fits = lambda k: self._count(build(k)[0]) <= length - self.max_new_tokens  # noqa: E731
+            if not fits(0):
                 raise ValueError(f"{task}: length {length} is too short for the story and the question")
-            lo, hi = 0, 1
-            while self._count(build(hi)[0]) <= budget:
-                lo, hi = hi, 2 * hi
-            hi -= 1
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                lo, hi = (mid, hi) if self._count(build(mid)[0]) <= budget else (lo, mid - 1)
-            n = lo
+            n = largest_fitting(fits)
         text, positions = build(n)
         return BabiSample(task, length, text, question, target, positions, self._count(text))
 

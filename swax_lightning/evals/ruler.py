@@ -75,6 +75,24 @@ def default_essay() -> str:
     return "\n".join(topics[k] for k in sorted(topics))
 
 
+def prose_sentences(text: str) -> list[str]:
+    """Sentences of running prose (haystack and filler units), skipping fragments of three words or fewer."""
+    return [s.strip() + "." for s in text.replace("\n", " ").split(". ") if len(s.split()) > 3]
+
+
+def largest_fitting(ok) -> int:
+    """The largest k >= 0 with ok(k), for ok true at 0 and monotone: doubling, then bisection. Sizes haystacks so
+    that a prompt fills a token budget with a logarithmic number of tokenizations."""
+    lo, hi = 0, 1
+    while ok(hi):
+        lo, hi = hi, 2 * hi
+    hi -= 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid - 1)
+    return lo
+
+
 def string_match_all(prediction: str, references: list[str]) -> float:
     """RULER's score: percentage of references contained (case-insensitively) in the prediction."""
     if not references:
@@ -90,7 +108,7 @@ class NIAHGenerator:
         self.tokenizer, self.max_new_tokens, self.seed = tokenizer, max_new_tokens, seed
         self.adjectives, self.nouns = load_words()
         text = essay if essay is not None else default_essay()
-        self.essay_sentences = [s.strip() + "." for s in text.replace("\n", " ").split(". ") if len(s.split()) > 3]
+        self.essay_sentences = prose_sentences(text)
         if len(self.essay_sentences) < 10:
             raise ValueError("the essay haystack needs at least 10 sentences of prose")
 
@@ -156,24 +174,12 @@ class NIAHGenerator:
             raise ValueError(f"{task}: length {length} is too short for the needles and the question "
                              f"({self._count(build(0)[0])} tokens before any haystack, plus {self.max_new_tokens} "
                              f"to generate)")
-        n = self._largest(lambda k: fits(k))
+        n = largest_fitting(fits)
         unit_words = len(self._units(haystack, n + 1, random.Random(unit_seed), key_kind, value_kind,
                                      set(keys))[-1].split())
-        words = self._largest(lambda w: w <= unit_words and fits(n, w))
+        words = largest_fitting(lambda w: w <= unit_words and fits(n, w))
         text, needle_char, span = build(n, words)
         return NIAHSample(task, length, depth, text, references, self._count(text), needle_char, span)
-
-    @staticmethod
-    def _largest(ok) -> int:
-        """The largest k >= 0 with ok(k), for ok true at 0 and monotone: doubling, then bisection."""
-        lo, hi = 0, 1
-        while ok(hi):
-            lo, hi = hi, 2 * hi
-        hi -= 1
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if ok(mid) else (lo, mid - 1)
-        return lo
 
     def _count(self, text: str) -> int:
         return len(self.tokenizer.encode(text))

@@ -22,7 +22,7 @@ from lightning.pytorch.callbacks import Callback
 from tqdm import tqdm
 
 from swax_lightning.evals import babilong, ruler
-from swax_lightning.inference import generate
+from swax_lightning.inference import continue_texts, override_attention
 
 
 class EvalSuite(Callback):
@@ -97,7 +97,7 @@ class EvalSuite(Callback):
         model, data = pl_module.model, trainer.datamodule
         was_training, window = model.training, model.window
         model.eval()
-        self._apply_overrides(model)
+        override_attention(model, self.window, self.n_sink, self.convert_full_attention)
         results = {"settings": self._settings(model), "samples": []}
         if self.niah_tasks:
             results["niah"] = self._run_niah(model, data.tokenizer, results["samples"])
@@ -121,16 +121,6 @@ class EvalSuite(Callback):
             model.set_window(window)
         model.train(was_training)
 
-    def _apply_overrides(self, model) -> None:
-        if self.convert_full_attention:
-            if self.window is None:
-                raise ValueError("EvalSuite.convert_full_attention needs EvalSuite.window")
-            model.convert_full_attention(self.window, 4 if self.n_sink is None else self.n_sink)
-        if self.window is not None:
-            model.set_window(self.window)
-        if self.n_sink is not None:
-            model.set_sinks(self.n_sink)
-
     def _settings(self, model) -> dict:
         return {"window": model.window, "pattern": model.cfg.pattern, "niah_lengths": self.niah_lengths,
                 "niah_samples": self.niah_samples, "niah_depths": self.niah_depths,
@@ -139,9 +129,7 @@ class EvalSuite(Callback):
                 "convert_full_attention": self.convert_full_attention, "n_sink": self.n_sink}
 
     def _generate(self, model, tokenizer, text: str, max_new_tokens: int) -> str:
-        ids = generate(model, [tokenizer.encode(text)], max_new_tokens, stop_tokens=[tokenizer.eos_id],
-                       chunk_len=self.chunk_len)[0]
-        return tokenizer.decode(ids)
+        return continue_texts(model, tokenizer, [text], max_new_tokens, chunk_len=self.chunk_len)[0]
 
     def _run_niah(self, model, tokenizer, samples: list) -> dict:
         generator = ruler.NIAHGenerator(tokenizer, self.max_new_tokens, self.essay, self.seed)
