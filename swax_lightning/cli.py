@@ -21,6 +21,8 @@ from pathlib import Path
 import yaml
 from lightning.pytorch.cli import LightningCLI
 
+from swax_lightning import strategy  # noqa: F401  (registers --trainer.strategy fsdp2 and hsdp)
+from swax_lightning.checkpoints import refuse_unloadable_checkpoint
 from swax_lightning.evals.suite import EvalSuite
 from swax_lightning.window import StochasticWindow
 
@@ -46,6 +48,10 @@ class SwaxCLI(LightningCLI):
         if cfg.get("experiment") and getattr(logger, "class_path", "").endswith("TensorBoardLogger"):
             logger.init_args.name = cfg.experiment
             logger.init_args.version = cfg.arm or "default"
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        refuse_unloadable_checkpoint(self.config_init[subcommand].get("ckpt_path"), self.trainer.strategy)
+        super()._run_subcommand(subcommand)
 
     def after_fit(self) -> None:
         logger = self.trainer.logger

@@ -88,4 +88,4 @@ def test_headline_config_parses_through_the_cli(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     printed = yaml.safe_load(out.stdout)
     assert printed["window"]["probs"] == [0.75, 0.25] and printed["model"]["arch"]["d_model"] == 4096
-    assert printed["trainer"]["strategy"]["class_path"].endswith("ModelParallelStrategy")
+    assert printed["trainer"]["strategy"]["class_path"] == "swax_lightning.strategy.FSDP2Strategy"

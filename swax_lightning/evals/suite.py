@@ -1,7 +1,8 @@
 """EvalSuite: the evaluations `main.py test` runs after the test loop, and the reports they leave.
 
 Configured from the YAML section `eval:` (the CLI always installs this callback; with nothing configured it does
-nothing). After Lightning's test loop (held-out loss, perplexity, bits per byte), rank 0 runs, as configured:
+nothing). After Lightning's test loop (held-out loss, perplexity, bits per byte), rank 0 runs, as configured (on an
+unsharded copy of a model trained with FSDP2, gathered from all ranks; see parallel.py):
 RULER NIAH (ruler.py), BABILong (babilong.py), perplexity by position (perplexity.py) and lm-evaluation-harness tasks
 (lm_eval_adapter.py), all through the streaming inference, so 131k-token contexts run in bounded memory.
 
@@ -23,6 +24,7 @@ from tqdm import tqdm
 
 from swax_lightning.evals import babilong, ruler
 from swax_lightning.inference import continue_texts, override_attention
+from swax_lightning.parallel import evaluation_model
 
 
 class EvalSuite(Callback):
@@ -92,9 +94,11 @@ class EvalSuite(Callback):
         return bool(self.niah_tasks or self.babilong_tasks or self.lm_eval_tasks or self.perplexity_len)
 
     def on_test_end(self, trainer, pl_module) -> None:
-        if not self.enabled or not trainer.is_global_zero:
+        if not self.enabled:
             return
-        model, data = pl_module.model, trainer.datamodule
+        model, data = evaluation_model(trainer, pl_module), trainer.datamodule  # every rank: a gather under FSDP2
+        if model is None:  # not rank 0
+            return
         was_training, window = model.training, model.window
         model.eval()
         override_attention(model, self.window, self.n_sink, self.convert_full_attention)
