@@ -23,7 +23,8 @@ import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from swax_lightning.evals.ruler import default_essay, largest_fitting, prose_sentences
+from swax_lightning.evals.essay import generated_essay, prose_sentences
+from swax_lightning.evals.ruler import largest_fitting
 
 PEOPLE = ["Mary", "John", "Daniel", "Sandra", "Fred", "Bill", "Julie", "Jeff"]
 PLACES = ["bathroom", "hallway", "kitchen", "garden", "office", "bedroom"]
@@ -136,7 +137,7 @@ def _story(task: str, rng: random.Random) -> tuple[list[str], str, str]:
 class BabiLongGenerator:
     def __init__(self, tokenizer, max_new_tokens: int = 16, filler: str | None = None, seed: int = 0):
         self.tokenizer, self.max_new_tokens, self.seed = tokenizer, max_new_tokens, seed
-        text = filler if filler is not None else default_essay()
+        text = filler if filler is not None else generated_essay(seed=seed)
         self.filler = prose_sentences(text)
 
     def sample(self, task: str, length: int, index: int = 0) -> BabiSample:
