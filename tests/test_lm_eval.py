@@ -1,26 +1,13 @@
-"""Evaluations: scoring rules on hand-made cases, the generators (determinism, depth, length, recoverable answers),
-the MBPP executor, lm-eval through the adapter on local task files, reports and the comparison command."""
+"""lm-evaluation-harness: the adapter on local, offline task files (multiple choice, generation, rolling
+log-likelihood), and its log-likelihood against the model computed directly."""
 import json
 
 import pytest
 import torch
 
-from swax_lightning.evals.code_exec import pass_at_1, passes
 from swax_lightning.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()
-
-
-# ---- MBPP executor -----------------------------------------------------------------------------------------------
-def test_code_executor():
-    tests = "assert add(2, 3) == 5\nassert add(0, 0) == 0"
-    assert passes("def add(a, b):\n    return a + b", tests)
-    assert not passes("def add(a, b):\n    return a * b", tests)
-    assert not passes("def add(a, b) return", tests)                        # syntax error
-    assert not passes("while True:\n    pass", tests, timeout=2)             # killed at the timeout
-    assert not passes("x = bytearray(4 << 30)", "", timeout=5)               # over the memory limit
-    assert not passes("import os\nassert 'HOME' in os.environ", "")          # stripped environment
-    assert pass_at_1([tests, tests], [["def add(a, b):\n    return a + b"], ["def add(a, b): return 0"]]) == 0.5
 
 
 # ---- lm-evaluation-harness through the adapter, offline, on local task files ----------------------------------------
