@@ -112,6 +112,7 @@ def write_tasks(folder: Path) -> Path:
     return tasks
 
 
+@pytest.mark.slow
 def test_lm_eval_command_line_runs_the_swax_model(tmp_path):
     """`lm_eval --model swax --model_args ckpt_path=...` from the shell, with the plugin folder on PYTHONPATH."""
     from swax_lightning.module import LanguageModule
@@ -143,8 +144,12 @@ def test_lm_eval_in_process(tmp_path, monkeypatch):
     results = run_lm_eval(model, TOK, ["swax_tiny_code", "swax_tiny_ppl"], str(tasks))
     assert results["swax_tiny_code"]["pass_at_1,none"] == 0.0  # a random model writes no working add()
     assert results["swax_tiny_ppl"]["bits_per_byte,none"] > 0
-    with pytest.raises(ValueError, match="unknown lm-eval task"):
-        run_lm_eval(model, TOK, ["no_such_task"], str(tasks))
+
+
+@pytest.mark.slow
+def test_an_unknown_task_is_named(tmp_path):  # slow: it indexes the harness's 14,000 task files
+    with pytest.raises(ValueError, match="no_such_task"):
+        run_lm_eval(tiny_model(), TOK, ["no_such_task"], str(write_tasks(tmp_path)))
 
 
 def request(*args):
@@ -197,14 +202,16 @@ def test_stop_strings_end_generation_early(monkeypatch):
 
 
 def test_do_sample_and_temperature_are_honoured():
-    lm = SwaxLM(tiny_model(), TOK)
+    model = tiny_model()
     greedy = {"until": [], "max_gen_toks": 12}
-    base, = lm.generate_until([request("ab", greedy)], disable_tqdm=True)
-    assert lm.generate_until([request("ab", {**greedy, "temperature": 0.7})], disable_tqdm=True) == [base]  # HF: no
-    sampled = [request("ab", {**greedy, "do_sample": True, "temperature": 2.0})] * 4  # do_sample, no sampling
-    outputs = lm.generate_until(sampled, disable_tqdm=True)
-    assert outputs != [base] * 4 and len(set(outputs)) > 1
-    assert SwaxLM(tiny_model(), TOK).generate_until(sampled, disable_tqdm=True) == outputs  # seeded
+    base, = SwaxLM(model, TOK).generate_until([request("ab", greedy)], disable_tqdm=True)
+    # as in the harness's HF model: a temperature without do_sample stays greedy
+    assert SwaxLM(model, TOK).generate_until([request("ab", {**greedy, "temperature": 0.7})],
+                                             disable_tqdm=True) == [base]
+    sampled = [request("ab", {**greedy, "do_sample": True, "temperature": 2.0})] * 4
+    outputs = SwaxLM(model, TOK).generate_until(sampled, disable_tqdm=True)
+    assert outputs != [base] * 4 and len(set(outputs)) > 1  # sampled, and each request its own draw
+    assert SwaxLM(model, TOK).generate_until(sampled, disable_tqdm=True) == outputs  # reproducible
 
 
 def test_model_arguments_are_checked(tmp_path):

@@ -13,7 +13,8 @@ PYTHONPATH):
 
 Model arguments: ckpt_path (a single-file checkpoint of `main.py fit`; the tokenizer comes with it), window and n_sink
 (evaluation overrides), chunk_len (prefill chunk), max_gen_toks (default 256), seed (sampling); the harness's own
-batch_size ("auto" means 8 here), max_batch_size and device are accepted.
+batch_size ("auto" means 8 here), max_batch_size and device (cuda falls back to the CPU when there is no GPU) are
+accepted.
 
 Decisions, following the harness's reference HF model where it defines the behaviour:
 - Context and continuation: trailing spaces of the context move to the continuation, the pair is tokenized whole and
@@ -32,6 +33,7 @@ Decisions, following the harness's reference HF model where it defines the behav
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +54,15 @@ def _batch_size(value) -> int:
     return int(value)
 
 
+def _device(requested: str | None) -> str:
+    """The harness's device, or the best one here: its command line asks for cuda by default, even without a GPU."""
+    if requested and not (requested.startswith("cuda") and not torch.cuda.is_available()):
+        return requested
+    if requested:
+        warnings.warn(f"SwaxLM: device {requested!r} is not available here; running on the CPU", stacklevel=3)
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 @register_model("swax")
 class SwaxLM(LM):
     def __init__(self, model=None, tokenizer=None, ckpt_path: str | None = None, chunk_len: int = 2048,
@@ -63,7 +74,7 @@ class SwaxLM(LM):
                 raise ValueError("SwaxLM needs ckpt_path=<checkpoint of main.py fit> (or a model and a tokenizer)")
             from swax_lightning.generate import load_model
 
-            model, tokenizer = load_model(ckpt_path, device or "cpu")
+            model, tokenizer = load_model(ckpt_path, _device(device))
         elif tokenizer is None:
             raise ValueError("SwaxLM: a model needs its tokenizer")
         override_attention(model, window, n_sink)
@@ -169,7 +180,9 @@ def run_lm_eval(model, tokenizer, tasks: list[str], include_path: str | None = N
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    manager = TaskManager(include_path=include_path)
+    manager = TaskManager(include_path=include_path, include_defaults=False) if include_path else None
+    if manager is None or any(t not in manager.all_tasks for t in tasks):  # indexing the harness's tasks takes ~20 s
+        manager = TaskManager(include_path=include_path)
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
         raise ValueError(f"unknown lm-eval task(s) {unknown}: not in the harness nor in include_path={include_path}")
