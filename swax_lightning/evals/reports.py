@@ -67,7 +67,8 @@ def show(c: dict | None) -> str:
 
 
 def flat_metrics(results: dict) -> dict:
-    """TensorBoard scalars: eval/<benchmark>/<task>/<length> (mean), perplexity by position, lm-eval metrics."""
+    """TensorBoard scalars: eval/<benchmark>/<task>/<length> (mean), perplexity by position, lm-eval metrics as
+    eval/lm_eval/<task>/<metric>/<filter>."""
     metrics = {}
     for name in ("niah", "babilong"):
         for task, row in results.get(name, {}).get("scores", {}).items():
@@ -79,7 +80,7 @@ def flat_metrics(results: dict) -> dict:
     for task, values in results.get("lm_eval", {}).items():
         for metric, value in values.items():
             if isinstance(value, (int, float)):
-                metrics[f"eval/lm_eval/{task}/{metric}"] = value
+                metrics[f"eval/lm_eval/{task}/{metric.replace(',', '/')}"] = value
     return metrics
 
 
