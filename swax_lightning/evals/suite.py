@@ -118,7 +118,6 @@ class EvalSuite(Callback):
         results = {"settings": self._settings(model, data.tokenizer), "samples": []}
         if self.niah_tasks:
             results["niah"] = self._run_niah(model, data.tokenizer, results["samples"])
-            results["niah"]["interval"] = INTERVAL_NOTE
         if self.babilong_tasks:
             results["babilong"] = self._run_babilong(model, data.tokenizer, results["samples"])
         if self.perplexity_len:
@@ -173,7 +172,7 @@ class EvalSuite(Callback):
                             "tokens": sample.n_tokens, "question": sample.question,
                             "references": sample.references, "prediction": prediction, "score": score,
                             "regenerate": f"niah {task} {length} {depth} {i}"})
-        return summarize(scores)
+        return {**summarize(scores), "interval": INTERVAL_NOTE}
 
     def _babilong_items(self, generator, task: str, length: int) -> tuple[str, list]:
         """(column name, samples) of one task and length: generated, or the official split's first rows."""
