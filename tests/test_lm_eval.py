@@ -158,7 +158,7 @@ def request(*args):
 
 def test_loglikelihood_matches_the_model_and_the_harness_edge_cases():
     model = tiny_model()
-    lm = SwaxLM(model, TOK, chunk_len=4)
+    lm = SwaxLM(model, TOK, chunk_len=2)  # the 3 input tokens in 2 chunks, the state carried between them
     (total, greedy), = lm.loglikelihood([request("ab", "cd")], disable_tqdm=True)
     with torch.no_grad():
         logprobs = torch.log_softmax(model(torch.tensor([TOK.encode("abcd")]))[0, :-1].float(), -1)

@@ -25,7 +25,8 @@ Decisions, following the harness's reference HF model where it defines the behav
   honoured), sampled with a generator seeded by `seed` and the batch's number (reproducible run to run).
 - Batching: requests are sorted longest first and run batch_size at a time, left-padded (each sequence keeps its own
   positions, so a batched result equals the one-at-a-time result); generation requests are batched only with
-  requests of the same settings.
+  requests of the same settings. Log-likelihoods are summed chunk by chunk (chunk_len tokens), with the state
+  carried, so memory does not grow with the document.
 - Metrics keep the harness's "metric,filter" keys, so two filters of one task never collapse into one number.
 - Runs default to offline (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE): point include_path at task YAML files with
   `dataset_path: json` and local data, or have the datasets in the HF cache.
@@ -41,7 +42,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
-from swax_lightning.inference import generate, left_pad, override_attention, prefill
+from swax_lightning.inference import generate, left_pad, override_attention
 
 AUTO_BATCH_SIZE = 8
 
@@ -94,18 +95,24 @@ class SwaxLM(LM):
 
     @torch.no_grad()
     def _score(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
-        """(sum of log p(continuation), greedy?) for token pairs, in one left-padded batch."""
+        """(sum of log p(continuation), greedy?) for token pairs, in one left-padded batch, chunk by chunk: only one
+        chunk's logits exist at a time, so documents of any length fit."""
         device = self.model.embed.weight.device
         idx, positions = left_pad([(ctx + cont)[:-1] for ctx, cont in pairs], device)
-        caches = self.model.new_caches(len(pairs), dtype=self.model.embed.weight.dtype)
-        logits = prefill(self.model, idx, positions, caches, self.chunk_len, return_all=True).float()
-        results = []
+        targets, _ = left_pad([(ctx + cont)[1:] for ctx, cont in pairs], device)
+        scored = torch.zeros_like(targets, dtype=torch.bool)  # the continuation's positions: the last len(cont)
         for b, (_, cont) in enumerate(pairs):
-            logprobs = F.log_softmax(logits[b, -len(cont):], -1)
-            targets = torch.tensor(cont, device=device)
-            results.append((float(logprobs.gather(-1, targets[:, None]).sum()),
-                            bool((logprobs.argmax(-1) == targets).all())))
-        return results
+            scored[b, -len(cont):] = True
+        caches = self.model.new_caches(len(pairs), dtype=self.model.embed.weight.dtype)
+        total = torch.zeros(len(pairs), dtype=torch.float64, device=device)
+        greedy = torch.ones(len(pairs), dtype=torch.bool, device=device)
+        for start in range(0, idx.shape[1], self.chunk_len):
+            span = slice(start, start + self.chunk_len)
+            logprobs = F.log_softmax(self.model(idx[:, span], caches, positions[:, span]).float(), -1)
+            hit, mask = logprobs.gather(-1, targets[:, span, None])[..., 0], scored[:, span]
+            total += (hit * mask).sum(1).double()
+            greedy &= ((logprobs.argmax(-1) == targets[:, span]) | ~mask).all(1)
+        return [(float(t), bool(g)) for t, g in zip(total, greedy)]
 
     def _batched(self, pairs: list, disable_tqdm: bool, desc: str) -> list[tuple[float, bool]]:
         results: list = [(0.0, True)] * len(pairs)  # an empty continuation: nothing to score, trivially greedy
