@@ -97,3 +97,25 @@ def test_suite_rejects_bad_settings(tmp_path):
         EvalSuite(niah_tasks=["niah_single_2"], essay_file=str(tmp_path / "essay.txt"))
     with pytest.raises(FileNotFoundError, match="babi"):
         EvalSuite(babilong_tasks=["qa1"], babilong_data_dir=str(tmp_path / "babi"))
+
+
+def test_official_babilong_files_through_the_suite(tmp_path):
+    """The suite reads the official layout, names the splits and the source, and points each sample at its row."""
+    import torch
+
+    from swax_lightning.config import ModelConfig
+    from swax_lightning.model import SWAXModel
+
+    (tmp_path / "qa1").mkdir()
+    rows = [{"input": "Mary went to the office.", "question": "Where is Mary?", "target": "office"}] * 2
+    (tmp_path / "qa1" / "4k.json").write_text(json.dumps(rows))
+    suite = EvalSuite(babilong_tasks=["qa1"], babilong_lengths=[4096], babilong_samples=1,
+                      babilong_data_dir=str(tmp_path))
+    torch.manual_seed(0)
+    model = SWAXModel(ModelConfig(d_model=32, n_layers=2, n_heads=2, mlstm_heads=2, window=8)).eval()
+    samples = []
+    result = suite._run_babilong(model, ByteTokenizer(), samples)
+    assert result["source"] == f"official BABILong files in {tmp_path}" and "GPT-2" in result["length_unit"]
+    assert result["scores"]["qa1"]["4k"]["n"] == 1
+    assert samples[0]["source"] == "qa1/4k.json row 0" and samples[0]["target"] == "office"
+    assert samples[0]["question"] == "Where is Mary?" and samples[0]["tokens"] > 0
