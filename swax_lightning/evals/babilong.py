@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from swax_lightning.evals.essay import generated_essay, prose_sentences
@@ -124,9 +124,6 @@ class BabiSample:
     @property
     def gpt2_tokens_estimate(self) -> int:
         return round(len(self.input_text) / CHARS_PER_GPT2_TOKEN)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def format_prompt(task: str, context: str, question: str) -> str:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import random
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from swax_lightning.evals.essay import generated_essay, prose_sentences
@@ -62,9 +62,6 @@ class NIAHSample:
     n_tokens: int                 # tokens of input_text in the model's tokenizer
     needle_char: int              # where the queried needle starts in input_text
     context_span: tuple[int, int] = field(default=(0, 0))  # the haystack's [start, end) in input_text
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def load_words() -> tuple[list[str], list[str]]:
