@@ -164,9 +164,9 @@ def test_kill_during_validation_then_resume_continues_exactly(tmp_path, data_dir
 
 
 SMALL_EVAL = ["--eval.niah_tasks", "[niah_single_1, niah_multikey_2]", "--eval.niah_lengths", "[512, 1024]",
-              "--eval.niah_samples", "2", "--eval.babilong_tasks", "[qa1]", "--eval.babilong_lengths", "[0, 1024]",
-              "--eval.babilong_samples", "2", "--eval.perplexity_len", "512", "--eval.perplexity_samples", "2",
-              "--eval.max_new_tokens", "8", "--trainer.limit_test_batches", "2"]
+              "--eval.niah_samples", "2", "--eval.niah_depths", "2", "--eval.babilong_tasks", "[qa1]",
+              "--eval.babilong_lengths", "[0, 2048]", "--eval.babilong_samples", "2", "--eval.perplexity_len", "512",
+              "--eval.perplexity_samples", "2", "--eval.max_new_tokens", "8", "--trainer.limit_test_batches", "2"]
 
 
 def test_sharded_evaluation_scores_what_one_process_scores(tmp_path, data_dir, two_rank_run):

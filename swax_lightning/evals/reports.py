@@ -77,6 +77,9 @@ def flat_metrics(results: dict) -> dict:
     for row in results.get("perplexity", []):
         metrics[f"eval/ppl_by_position/{row['from']}-{row['to']}/loss"] = row["loss"]
         metrics[f"eval/ppl_by_position/{row['from']}-{row['to']}/bpb"] = row["bpb"]
+    for row in results.get("recall", {}).get("buckets", []):
+        metrics[f"eval/recall/{row['from']}-{row['to']}/answer_loss"] = row["loss"]
+        metrics[f"eval/recall/{row['from']}-{row['to']}/exact"] = row["exact"]
     for task, values in results.get("lm_eval", {}).items():
         for metric, value in values.items():
             if isinstance(value, (int, float)):
@@ -136,6 +139,14 @@ def markdown(results: dict) -> str:
         lines += ["## Loss by position\n", "| positions | loss | ppl | bits/byte |", "|---|---|---|---|"]
         lines += [f"| {r['from']}-{r['to']} | {r['loss']:.4f} | {r['ppl']:.3f} | {r['bpb']:.4f} |"
                   for r in results["perplexity"]]
+        lines.append("")
+    if "recall" in results:
+        lines += ["## Answer-token loss by recall distance\n", "Distance: characters between the fact and its question; "
+                  "loss: mean cross-entropy of the answer's tokens (nats) [95% interval]; exact: all answer tokens "
+                  "top-1, % [95% Wilson interval].\n", "| distance | loss | exact | n |", "|---|---|---|---|"]
+        lines += [f"| {r['from']}-{r['to']} | {r['loss']:.3f} [{r['loss_ci95'][0]:.3f}, {r['loss_ci95'][1]:.3f}] | "
+                  f"{r['exact']:.1f} [{r['exact_ci95'][0]:.0f}, {r['exact_ci95'][1]:.0f}] | {r['n']} |"
+                  for r in results["recall"]["buckets"]]
         lines.append("")
     if "lm_eval" in results:
         lines += ["## lm-evaluation-harness\n", "| task | metric,filter | value |", "|---|---|---|"]

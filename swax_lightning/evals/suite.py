@@ -54,6 +54,9 @@ class EvalSuite(Callback):
             (4096 -> 4k, 1048576 -> 1M).
         perplexity_len: Sequence length for perplexity by position on the held-out shards (empty = skip).
         perplexity_samples: Sequences for it.
+        recall_edges: Distance buckets (characters between a fact and its question) of the answer-token loss by
+            recall distance (recall.py), e.g. [1, 16, 256, 1024, 8192]; empty = skip.
+        recall_samples: Samples per bucket.
         lm_eval_tasks: lm-evaluation-harness task names (arc_easy, arc_challenge, hellaswag, mbpp, or your own).
         lm_eval_include_path: Folder of extra task YAML files (e.g. local, offline task definitions).
         lm_eval_limit: Examples per lm-eval task (empty = all).
@@ -72,6 +75,7 @@ class EvalSuite(Callback):
                  niah_depths: int | list[float] = ruler.N_DEPTHS, babilong_tasks: list[str] | None = None,
                  babilong_lengths: list[int] = (0, 4096, 16384, 65536, 131072), babilong_samples: int = 5,
                  babilong_data_dir: str | None = None, perplexity_len: int | None = None, perplexity_samples: int = 8,
+                 recall_edges: list[int] | None = None, recall_samples: int = 16,
                  lm_eval_tasks: list[str] | None = None, lm_eval_include_path: str | None = None,
                  lm_eval_limit: int | None = None, window: int | None = None, n_sink: int | None = None,
                  convert_full_attention: bool = False, max_new_tokens: int = 128, chunk_len: int = 2048,
@@ -99,6 +103,11 @@ class EvalSuite(Callback):
         self.babilong_lengths, self.babilong_samples = list(babilong_lengths), babilong_samples
         self.babilong_data_dir = babilong_data_dir
         self.perplexity_len, self.perplexity_samples = perplexity_len, perplexity_samples
+        self.recall_edges, self.recall_samples = list(recall_edges or []), recall_samples
+        if self.recall_edges:
+            from swax_lightning.evals.recall import bucket_distances
+
+            bucket_distances(self.recall_edges, 1, seed)  # checks the edges now, not after the test loop
         self.lm_eval_include_path, self.lm_eval_limit = lm_eval_include_path, lm_eval_limit
         self.window, self.n_sink, self.convert_full_attention = window, n_sink, convert_full_attention
         self.max_new_tokens, self.chunk_len, self.seed = max_new_tokens, chunk_len, seed
@@ -108,7 +117,8 @@ class EvalSuite(Callback):
 
     @property
     def enabled(self) -> bool:
-        return bool(self.niah_tasks or self.babilong_tasks or self.lm_eval_tasks or self.perplexity_len)
+        return bool(self.niah_tasks or self.babilong_tasks or self.lm_eval_tasks or self.perplexity_len
+                    or self.recall_edges)
 
     def on_test_end(self, trainer, pl_module) -> None:
         if not self.enabled:
@@ -130,6 +140,13 @@ class EvalSuite(Callback):
             results["perplexity"] = position_losses(model, data.data_dir / "val", self.perplexity_len,
                                                     self.perplexity_samples, self.chunk_len,
                                                     data.meta.get("bytes_per_token", 1.0))
+        if self.recall_edges:
+            from swax_lightning.evals.recall import recall_losses
+
+            recall = recall_losses(model, data.tokenizer, self.recall_edges, self.recall_samples, self.seed,
+                                   progress=lambda jobs: tqdm(jobs, desc="recall by distance"))
+            results["recall"] = {"buckets": recall["buckets"]}
+            results["samples"] += recall["samples"]
         if self.lm_eval_tasks:
             from swax_lightning.evals.lm_eval_adapter import run_lm_eval
 
@@ -149,6 +166,7 @@ class EvalSuite(Callback):
         return {"window": model.window, "pattern": model.cfg.pattern, "niah_lengths": self.niah_lengths,
                 "niah_samples": self.niah_samples, "niah_depths": self.niah_depths,
                 "babilong_lengths": self.babilong_lengths, "babilong_samples": self.babilong_samples,
+                "recall_edges": self.recall_edges, "recall_samples": self.recall_samples,
                 "max_new_tokens": self.max_new_tokens, "seed": self.seed,
                 "convert_full_attention": self.convert_full_attention, "n_sink": self.n_sink,
                 "haystack": "essay_file" if self.essay_file else "generated prose (swax_lightning/evals/essay.py)",

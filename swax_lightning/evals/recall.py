@@ -1,0 +1,76 @@
+"""Answer-token loss by recall distance: memory measured without exact generation.
+
+Each held-out sample (swax_lightning/recall.py) states a fact, then `distance` characters of unseen prose, then asks
+for the fact's value; the model reads it teacher-forced and we take its cross-entropy on the answer's tokens (mean
+over the value's tokens, in nats) and whether every answer token is its top prediction. A model that remembers has a
+low loss at every distance; one that only sees W tokens back is at chance (ln 10 = 2.30 per digit with the byte
+tokenizer) once the distance passes its reach.
+
+Decisions:
+- Distances are drawn log-uniformly inside each bucket [edge_i, edge_i+1) of `edges`, so buckets can be set relative
+  to the windows and the training length (e.g. below the short window, between the windows, up to the training
+  length, beyond it), and every bucket gets the same number of samples.
+- The prompt and the answer are tokenized separately and concatenated, so the answer's tokens are exactly the
+  value's own tokenization whatever the tokenizer.
+- Per bucket: mean loss with a 95% normal interval over samples, exact-recall share with a Wilson interval.
+"""
+from __future__ import annotations
+
+import math
+import random
+
+import torch
+import torch.nn.functional as F
+
+from swax_lightning.evals.essay import generated_essay, prose_sentences
+from swax_lightning.evals.reports import Z95, wilson_interval
+from swax_lightning.evals.ruler import load_words
+from swax_lightning.recall import eval_sample
+
+
+def bucket_distances(edges: list[int], samples: int, seed: int) -> list[tuple[int, int, int]]:
+    """(bucket start, bucket end, distance) for `samples` log-uniform distances in each bucket."""
+    if len(edges) < 2 or any(b <= a for a, b in zip(edges, edges[1:])) or edges[0] < 1:
+        raise ValueError(f"recall_edges must be increasing distances >= 1, at least two (got {edges})")
+    out = []
+    for lo, hi in zip(edges, edges[1:]):
+        rng = random.Random(f"recall-distance-{seed}-{lo}-{hi}")
+        out += [(lo, hi, min(hi - 1, int(math.exp(rng.uniform(math.log(lo), math.log(hi)))))) for _ in range(samples)]
+    return out
+
+
+@torch.no_grad()
+def answer_loss(model, tokenizer, prompt: str, answer: str) -> tuple[float, bool]:
+    """Mean cross-entropy of the answer's tokens after the prompt, and whether all of them are top-1."""
+    context, target = tokenizer.encode(prompt), tokenizer.encode(answer)
+    device = next(model.parameters()).device
+    ids = torch.tensor([context + target[:-1]], device=device)
+    logits = model(ids)[0, len(context) - 1:].float()
+    target_t = torch.tensor(target, device=device)
+    return float(F.cross_entropy(logits, target_t)), bool((logits.argmax(-1) == target_t).all())
+
+
+def recall_losses(model, tokenizer, edges: list[int], samples: int, seed: int = 0, progress=None) -> dict:
+    """{"buckets": [{from, to, loss, loss_ci95, exact, exact_ci95, n}], "samples": [...]} over the buckets."""
+    adjectives, nouns = load_words()
+    keys = [f"{a}-{n}" for a in adjectives for n in nouns]
+    filler = prose_sentences(generated_essay(seed=seed + 1))
+    jobs = bucket_distances(edges, samples, seed)
+    rows = []
+    for i, (lo, hi, distance) in enumerate(progress(jobs) if progress else jobs):
+        sample = eval_sample(distance, i, filler, keys, seed)
+        loss, exact = answer_loss(model, tokenizer, sample.prompt, sample.value)
+        rows.append({"eval": "recall", "from": lo, "to": hi, "distance": distance, "index": i, "key": sample.key,
+                     "value": sample.value, "loss": loss, "exact": exact})
+    return {"buckets": [_bucket(lo, hi, [r for r in rows if r["from"] == lo]) for lo, hi in zip(edges, edges[1:])],
+            "samples": rows}
+
+
+def _bucket(lo: int, hi: int, rows: list[dict]) -> dict:
+    losses = [r["loss"] for r in rows]
+    n = len(losses)
+    mean = sum(losses) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in losses) / (n - 1)) if n > 1 else 0.0
+    exact = 100.0 * sum(r["exact"] for r in rows) / n
+    return {"from": lo, "to": hi, "loss": mean, "loss_ci95": [mean - Z95 * sd / math.sqrt(n), mean + Z95 * sd / math.sqrt(n)],
+            "exact": exact, "exact_ci95": wilson_interval(exact, n), "n": n}
