@@ -133,7 +133,7 @@ class SwaxCLI(LightningCLI):
             raise ConfigError(str(err)) from err
 
     def after_fit(self) -> None:
-        cfg = _without_paths(self.config[self.subcommand].as_dict())
+        cfg = without_paths(self.config[self.subcommand].as_dict())
         params = {key: cfg.get(key) for key in ("experiment", "arm", "seed_everything", "model", "data", "window")}
         params["trainer"] = {k: cfg["trainer"].get(k) for k in ("max_steps", "precision", "accumulate_grad_batches")}
         found = self.trainer.callback_metrics
@@ -206,15 +206,15 @@ def check_checkpoint(cfg, subcommand: str) -> None:
             raise ConfigError(f"cannot read checkpoint {path}: {err}") from err
         saved = checkpoint.get("hyper_parameters", {}).get("arch")
         if saved is not None:
-            check_architecture(saved, ModelConfig(**_without_paths(cfg.model.arch.as_dict())), source=str(path))
+            check_architecture(saved, ModelConfig(**without_paths(cfg.model.arch.as_dict())), source=str(path))
     elif not path.exists() and ckpt not in CKPT_KEYWORDS and not ckpt.startswith("registry"):
         raise ConfigError(f"--ckpt_path: no such checkpoint file or folder: {ckpt}")
 
 
-def _without_paths(cfg):
+def without_paths(cfg):
     """The config as plain data, without jsonargparse's `__path__` entries (where nested files came from)."""
     if isinstance(cfg, dict):
-        return {k: _without_paths(v) for k, v in cfg.items() if k != "__path__"}
+        return {k: without_paths(v) for k, v in cfg.items() if k != "__path__"}
     return cfg
 
 

@@ -240,3 +240,31 @@ def test_generate_command_line_takes_prompts_as_typed(capsys, tiny_checkpoint, p
                   "--max_new_tokens", "3"])
     shown = [line for line in capsys.readouterr().out.splitlines() if line.startswith("--- prompt:")]
     assert shown == [f"--- prompt: {prompt!r}" for prompt in prompts]
+
+
+def _assert_hparams_entry(runs):
+    """The run's settings, window schedule included, and its final validation metrics are in the HPARAMS tab."""
+    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+    from tensorboard.plugins.hparams import metadata
+
+    mux = EventMultiplexer()
+    mux.AddRunsFromDirectory(str(runs))
+    mux.Reload()
+    content = mux.PluginRunToTagToContent(metadata.PLUGIN_NAME)["tiny/w64"]
+    hparams = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG]).hparams
+    assert {"window/windows", "window/eval_window", "model/arch/pattern", "arm"} <= set(hparams)
+    experiment = metadata.parse_experiment_plugin_data(content[metadata.EXPERIMENT_TAG])
+    assert {m.name.tag for m in experiment.metric_infos} == {"hp/val_loss", "hp/val_bpb"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pattern", ["A", "S", "X", "SD", "SA"])
+def test_baseline_and_hybrid_configs_train(tmp_path, pattern):
+    """Each pattern's tiny config (an `extends:` file) trains a few steps and validates through the CLI."""
+    out = _main("fit", "--config", str(ROOT / f"configs/tiny_{pattern}.yaml"), "--data.data_dir",
+                str(tmp_path / "data"), "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
+                "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "3", "--trainer.val_check_interval",
+                "3", "--trainer.limit_val_batches", "1", "--data.batch_size", "2", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    config = (tmp_path / f"runs/tiny/{pattern}/config.yaml").read_text()
+    assert f"pattern: {pattern}" in config and "d_model: 128" in config  # the arm on top of tiny.yaml
