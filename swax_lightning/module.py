@@ -119,6 +119,10 @@ def check_architecture(saved_arch: dict, configured: ModelConfig, source: str) -
                             "window with window.eval_window or eval.window")
 
 
+# The defaults of LanguageModule's config sections (copied on use by _as_config, never modified).
+DEFAULT_ARCH, DEFAULT_OPTIM, DEFAULT_GENERATION = ModelConfig(), OptimConfig(), GenerationConfig()
+
+
 class LanguageModule(L.LightningModule):
     """Next-token language modelling with a SWAX model.
 
@@ -130,9 +134,9 @@ class LanguageModule(L.LightningModule):
         generation: Decoding settings of `main.py predict` (GenerationConfig fields).
     """
 
-    def __init__(self, arch: ModelConfig = ModelConfig(), optim: OptimConfig = OptimConfig(),
+    def __init__(self, arch: ModelConfig = DEFAULT_ARCH, optim: OptimConfig = DEFAULT_OPTIM,
                  activation_checkpointing: bool = False, compile: bool = False,
-                 generation: GenerationConfig = GenerationConfig()):
+                 generation: GenerationConfig = DEFAULT_GENERATION):
         super().__init__()
         self.arch, self.optim = _as_config(arch, ModelConfig), _as_config(optim, OptimConfig)
         self.generation = _as_config(generation, GenerationConfig)

@@ -180,7 +180,8 @@ def tiny_checkpoint(tmp_path_factory):
 
 
 @pytest.mark.parametrize("config,args,named", [
-    ("tiny.yaml", ["--model.arch.logit_soft_cap", "20"], "model.arch.logit_soft_cap (checkpoint 30.0, configured 20.0)"),
+    ("tiny.yaml", ["--model.arch.logit_soft_cap", "20"],
+     "model.arch.logit_soft_cap (checkpoint 30.0, configured 20.0)"),
     ("tiny_SD.yaml", [], "model.arch.pattern (checkpoint 'SX', configured 'SD')"),
 ])
 def test_checkpoint_of_another_architecture_is_refused(tmp_path, capsys, tiny_checkpoint, config, args, named):

@@ -6,12 +6,12 @@ import pytest
 import torch
 import yaml
 
-from swax_lightning.cli import SwaxCLI, without_paths, expand_extends, name_run
+from swax_lightning.cli import SwaxCLI, expand_extends, name_run, without_paths
 from swax_lightning.config import ModelConfig
 from swax_lightning.data import TextDataModule
 from swax_lightning.evals.suite import EvalSuite
-from swax_lightning.module import LanguageModule
 from swax_lightning.model import SWAXModel
+from swax_lightning.module import LanguageModule
 from swax_lightning.window import StochasticWindow
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
