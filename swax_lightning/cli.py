@@ -60,6 +60,8 @@ RUN_NAMING = {"TensorBoardLogger": ("name", ("version",)), "CSVLogger": ("name",
 # --ckpt_path values that Lightning resolves itself (no file of that name).
 CKPT_KEYWORDS = ("last", "best", "hpc")
 PRINT_CONFIG = "--print_config"
+PRINT_CONFIG_FLAGS = {"skip_default": "skip_default", "skip_unset": "skip_unset", "skip_null": "skip_unset",
+                      "comments": "with_comments"}  # jsonargparse's flags: the dump() argument each one sets
 
 
 @contextmanager
@@ -76,6 +78,8 @@ def usage_errors_reported(*also: type[Exception]):
 
 
 class SwaxCLI(LightningCLI):
+    """LightningCLI with the additions and checks of the module docstring; takes LightningCLI's arguments."""
+
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("auto_configure_optimizers", False)
         kwargs["parser_kwargs"] = _raising_parsers(kwargs.get("parser_kwargs") or {}, self.subcommands())
@@ -100,7 +104,10 @@ class SwaxCLI(LightningCLI):
         """jsonargparse's --print_config, after the run naming and validation, headed by the run folder."""
         subcommand = self.config.get("subcommand")
         subparser = self._subcommand_parsers[subcommand] if subcommand else parser
-        kwargs = {"skip_unset": False} | {flag: True for flag in flags.split(",") if flag}
+        unknown = [flag for flag in flags.split(",") if flag and flag not in PRINT_CONFIG_FLAGS]
+        if unknown:
+            raise ConfigError(f"{PRINT_CONFIG}: unknown flag {unknown[0]!r} (known: {', '.join(PRINT_CONFIG_FLAGS)})")
+        kwargs = {"skip_unset": False} | {PRINT_CONFIG_FLAGS[flag]: True for flag in flags.split(",") if flag}
         dump = subparser.dump(self.config[subcommand] if subcommand else self.config, **kwargs)
         where = f"# run folder: {run_dir}" if run_dir else "# run folder: chosen by the logger (no experiment: set)"
         sys.stdout.write(f"{where}\n{dump}")
