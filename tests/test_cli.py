@@ -127,6 +127,10 @@ def test_error_names_the_file_of_an_extends_chain(tmp_path, capsys):
     base_field = _one_error_line(_in_process(capsys, "fit", "-c", str(arm), "--model.arch.window", "8",
                                              "--model.arch.n_heads", "5")[2])
     assert f"[model.arch.d_model set in {ROOT / 'configs/base/tiny_model.yaml'}]" in base_field  # a section file
+    orphan = tmp_path / "orphan.yaml"
+    orphan.write_text("extends: gone.yaml\n")
+    code, _, err = _in_process(capsys, "fit", "--config", str(orphan))
+    assert code == 2 and f"{orphan}: extends a missing file {tmp_path / 'gone.yaml'}" in _one_error_line(err)
 
 
 def test_short_config_flag_expands_extends(capsys):
