@@ -70,11 +70,32 @@ def _assert_eval_reports(run):
     assert "eval/niah_heatmap" in events.Tags()["images"]
 
 
-def test_print_config(tmp_path):
-    out = _main("fit", "--config", str(ROOT / "configs/tiny.yaml"), "--print_config", cwd=tmp_path)
+def _assert_hparams_entry(runs):
+    """The run's settings, window schedule included, and its final validation metrics are in the HPARAMS tab."""
+    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+    from tensorboard.plugins.hparams import metadata
+
+    mux = EventMultiplexer()
+    mux.AddRunsFromDirectory(str(runs))
+    mux.Reload()
+    content = mux.PluginRunToTagToContent(metadata.PLUGIN_NAME)["tiny/w64"]
+    hparams = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG]).hparams
+    assert {"window/windows", "window/eval_window", "model/arch/pattern", "arm"} <= set(hparams)
+    experiment = metadata.parse_experiment_plugin_data(content[metadata.EXPERIMENT_TAG])
+    assert {m.name.tag for m in experiment.metric_infos} == {"hp/val_loss", "hp/val_bpb"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pattern", ["A", "S", "X", "SD", "SA"])
+def test_baseline_and_hybrid_configs_train(tmp_path, pattern):
+    """Each pattern's tiny config (an `extends:` file) trains a few steps and validates through the CLI."""
+    out = _main("fit", "--config", str(ROOT / f"configs/tiny_{pattern}.yaml"), "--data.data_dir",
+                str(tmp_path / "data"), "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
+                "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "3", "--trainer.val_check_interval",
+                "3", "--trainer.limit_val_batches", "1", "--data.batch_size", "2", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "pattern: SX" in out.stdout and "window: 64" in out.stdout and "seq_len: 256" in out.stdout
-    assert out.stdout.startswith("# run folder: runs/tiny/w64\n")
+    config = (tmp_path / f"runs/tiny/{pattern}/config.yaml").read_text()
+    assert f"pattern: {pattern}" in config and "d_model: 128" in config  # the arm on top of tiny.yaml
 
 
 # ---- configuration errors: one line naming the field (and the file that set it), exit code 2 ----------------------
@@ -206,6 +227,13 @@ def test_evaluation_needs_a_checkpoint_or_consent(tmp_path, capsys):
 
 
 # ---- run naming: <save_dir>/<experiment>/<arm>/ for each logger ------------------------------------------------
+def test_print_config(capsys):
+    code, out, err = _in_process(capsys, "fit", "--config", str(ROOT / "configs/tiny.yaml"), "--print_config")
+    assert code == 0, err[-3000:]
+    assert "pattern: SX" in out and "window: 64" in out and "seq_len: 256" in out
+    assert out.startswith("# run folder: runs/tiny/w64\n")
+
+
 @pytest.mark.parametrize("logger,naming", [
     ("TensorBoardLogger", {"name": "tiny", "version": "w64"}),
     ("CSVLogger", {"name": "tiny", "version": "w64"}),
@@ -245,31 +273,3 @@ def test_generate_command_line_takes_prompts_as_typed(capsys, tiny_checkpoint, p
                   "--max_new_tokens", "3"])
     shown = [line for line in capsys.readouterr().out.splitlines() if line.startswith("--- prompt:")]
     assert shown == [f"--- prompt: {prompt!r}" for prompt in prompts]
-
-
-def _assert_hparams_entry(runs):
-    """The run's settings, window schedule included, and its final validation metrics are in the HPARAMS tab."""
-    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
-    from tensorboard.plugins.hparams import metadata
-
-    mux = EventMultiplexer()
-    mux.AddRunsFromDirectory(str(runs))
-    mux.Reload()
-    content = mux.PluginRunToTagToContent(metadata.PLUGIN_NAME)["tiny/w64"]
-    hparams = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG]).hparams
-    assert {"window/windows", "window/eval_window", "model/arch/pattern", "arm"} <= set(hparams)
-    experiment = metadata.parse_experiment_plugin_data(content[metadata.EXPERIMENT_TAG])
-    assert {m.name.tag for m in experiment.metric_infos} == {"hp/val_loss", "hp/val_bpb"}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("pattern", ["A", "S", "X", "SD", "SA"])
-def test_baseline_and_hybrid_configs_train(tmp_path, pattern):
-    """Each pattern's tiny config (an `extends:` file) trains a few steps and validates through the CLI."""
-    out = _main("fit", "--config", str(ROOT / f"configs/tiny_{pattern}.yaml"), "--data.data_dir",
-                str(tmp_path / "data"), "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
-                "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "3", "--trainer.val_check_interval",
-                "3", "--trainer.limit_val_batches", "1", "--data.batch_size", "2", cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    config = (tmp_path / f"runs/tiny/{pattern}/config.yaml").read_text()
-    assert f"pattern: {pattern}" in config and "d_model: 128" in config  # the arm on top of tiny.yaml
