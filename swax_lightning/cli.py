@@ -247,7 +247,7 @@ def expand_extends(argv: list[str]) -> list[str]:
 def _config_args(value: str) -> list[str]:
     path = Path(value)
     if not path.is_file():
-        if value.endswith((".yaml", ".yml", ".json")):
+        if value.endswith((".yaml", ".yml", ".json")) and ": " not in value and "\n" not in value:
             raise ConfigError(f"config file not found: {value}")
         return ["--config", value]  # a YAML string
     try:
@@ -282,26 +282,27 @@ def with_source(message: str, argv: list[str]) -> str:
     source = None
     for i, arg in enumerate(argv):
         if arg in CONFIG_FLAGS and i + 1 < len(argv):
-            source = _in_file(_file_setting(argv[i + 1], key.split("."))) or source
+            source = _file_setting(argv[i + 1], key.split(".")) or source
         elif arg == f"--{key}" or arg.startswith(f"--{key}="):
             source = "on the command line"
     return f"{message} [{key} set {source}]" if source else message
 
 
-def _in_file(path: str | None) -> str | None:
-    return f"in {path}" if path else None
-
-
 def _file_setting(value: str, keys: list[str]) -> str | None:
-    """The file that sets the dotted key in a --config value (a file, or an extending file's YAML string), following
-    section files (`model: base/model.yaml`); None when it does not set it."""
-    origin = Path(value[len(ORIGIN_MARK):].partition("\n")[0]) if value.startswith(ORIGIN_MARK) else Path(value)
-    tree = yaml.safe_load(value if value.startswith(ORIGIN_MARK) else origin.read_text())
-    for depth, key in enumerate(keys):
+    """Where a --config value (a file, an extending file's YAML string, or a YAML string) sets the dotted key,
+    following section files (`model: base/model.yaml`); None when it does not set it."""
+    if value.startswith(ORIGIN_MARK):
+        origin, text = Path(value[len(ORIGIN_MARK):].partition("\n")[0]), value
+    elif Path(value).is_file():
+        origin, text = Path(value), Path(value).read_text()
+    else:
+        origin, text = None, value
+    tree = yaml.safe_load(text)
+    for key in keys:
         if isinstance(tree, str) and tree.endswith((".yaml", ".yml")):  # a section file: the rest of the key is in it
-            origin = origin.parent / tree
+            origin = (origin.parent if origin else Path()) / tree
             tree = yaml.safe_load(origin.read_text())
         if not isinstance(tree, dict) or key not in tree:
             return None
         tree = tree[key]
-    return str(origin)
+    return f"in {origin}" if origin else "in a --config string"
