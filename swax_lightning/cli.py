@@ -60,6 +60,12 @@ RUN_NAMING = {"TensorBoardLogger": ("name", ("version",)), "CSVLogger": ("name",
 # --ckpt_path values that Lightning resolves itself (no file of that name).
 CKPT_KEYWORDS = ("last", "best", "hpc")
 PRINT_CONFIG = "--print_config"
+CONFIG_FLAGS = ("--config", "-c")
+ORIGIN_MARK = "# settings of "  # first line of the YAML string an extending file becomes: errors can name the file
+# Classes whose validation errors name their fields as `Class.field`, and the config section each one is.
+SECTION_OF = {"ModelConfig": "model.arch", "OptimConfig": "model.optim", "GenerationConfig": "model.generation",
+              "TextDataModule": "data", "StochasticWindow": "window", "EvalSuite": "eval"}
+KEY_IN_MESSAGE = re.compile(r'Parser key "([\w.]+)"|option \'([\w.]+)\'|\b(' + "|".join(SECTION_OF) + r')\.(\w+)')
 PRINT_CONFIG_FLAGS = {"skip_default": "skip_default", "skip_unset": "skip_unset", "skip_null": "skip_unset",
                       "comments": "with_comments"}  # jsonargparse's flags: the dump() argument each one sets
 
@@ -225,9 +231,6 @@ def without_paths(cfg):
     return cfg
 
 
-CONFIG_FLAGS = ("--config", "-c")
-
-
 def expand_extends(argv: list[str]) -> list[str]:
     """Replace each `--config FILE` (or `-c FILE`, `--config=FILE`) whose YAML starts with `extends: BASE` by
     `--config BASE --config <FILE's other settings>`, recursively. Relative file names inside FILE stay relative to
@@ -265,12 +268,6 @@ def _config_args(value: str) -> list[str]:
     return _config_args(str(base)) + ["--config", f"{ORIGIN_MARK}{path}\n{yaml.safe_dump(cfg)}"]
 
 
-ORIGIN_MARK = "# settings of "  # first line of the YAML string an extending file becomes: errors can name the file
-# Classes whose validation errors name their fields as `Class.field`, and the config section each one is.
-SECTION_OF = {"ModelConfig": "model.arch", "OptimConfig": "model.optim", "GenerationConfig": "model.generation",
-              "TextDataModule": "data", "StochasticWindow": "window", "EvalSuite": "eval"}
-KEY_IN_MESSAGE = re.compile(r'Parser key "([\w.]+)"|option \'([\w.]+)\'|\b(' + "|".join(SECTION_OF) + r')\.(\w+)')
-
 
 def with_source(message: str, argv: list[str]) -> str:
     """The message of a configuration error, followed by where the field it names was set: the config file
@@ -301,6 +298,8 @@ def _file_setting(value: str, keys: list[str]) -> str | None:
     for key in keys:
         if isinstance(tree, str) and tree.endswith((".yaml", ".yml")):  # a section file: the rest of the key is in it
             origin = (origin.parent if origin else Path()) / tree
+            if not origin.is_file():
+                return None
             tree = yaml.safe_load(origin.read_text())
         if not isinstance(tree, dict) or key not in tree:
             return None

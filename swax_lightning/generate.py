@@ -74,7 +74,7 @@ def main(ckpt_path: str, prompt: list[str] | None = None, prompts_file: str | No
     override_attention(model, window, n_sink, convert_full_attention)
     continuations = continue_texts(model, tokenizer, texts, max_new_tokens, temperature=temperature, top_k=top_k,
                                    top_p=top_p, chunk_len=chunk_len, seed=seed)
-    for text, cont in zip(texts, continuations):
+    for text, cont in zip(texts, continuations, strict=True):
         print(show_continuation(text, cont))
     return continuations
 
