@@ -9,13 +9,14 @@ Decisions:
   positions (negative on the padding), so each continuation equals the one it would get alone.
 - Greedy when temperature == 0; otherwise temperature, then top-k, then top-p (nucleus) filtering, sampled with a
   seeded generator, so a run is reproducible.
-- Generation stops per sequence at a stop token (not included in the output) or after max_new_tokens.
+- Generation stops per sequence at a stop token (not included in the output), when `should_stop(b, tokens)` says
+  so (e.g. a stop string has appeared; checked after each new token), or after max_new_tokens.
 - The window and sink count used at inference are the model's current ones: `model.set_window(w)` /
   `model.set_sinks(s)` before calling override them (training-free SWA with sinks).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -108,7 +109,7 @@ def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int = 0, top_p
 @torch.no_grad()
 def generate(model: SWAXModel, prompts: Sequence[Sequence[int]], max_new_tokens: int = 128, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, stop_tokens: Sequence[int] = (), chunk_len: int = 2048,
-             seed: int = 0) -> list[list[int]]:
+             seed: int = 0, should_stop: Callable[[int, list[int]], bool] | None = None) -> list[list[int]]:
     """Continuations of a batch of token-id prompts (any lengths)."""
     check_prompts(prompts, model.cfg.vocab_size)
     device = model.embed.weight.device
@@ -125,6 +126,8 @@ def generate(model: SWAXModel, prompts: Sequence[Sequence[int]], max_new_tokens:
         done |= torch.isin(token, stop)
         for b in (~done).nonzero().flatten().tolist():
             outputs[b].append(int(token[b]))
+            if should_stop is not None and should_stop(b, outputs[b]):
+                done[b] = True
         if done.all():
             break
         logits = model(token[:, None], caches, next_pos)[:, -1]

@@ -16,6 +16,7 @@ Decisions:
 from __future__ import annotations
 
 import math
+import zlib
 
 import torch
 import torch.nn as nn
@@ -60,24 +61,32 @@ class SWAXModel(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
-        self.reset_parameters()
+        if not self.embed.weight.is_meta:  # a model built on the meta device is initialised as it is materialised
+            self.reset_parameters()
 
     @torch.no_grad()
-    def reset_parameters(self) -> None:
-        """(Re)initialise every weight; see init_weights."""
-        self.init_weights(self)
+    def reset_parameters(self, seed: int | None = None) -> None:
+        """(Re)initialise every weight from `seed` (default: drawn from torch's global RNG); see init_weights."""
+        self.init_weights(self, int(torch.randint(0, 2**62, (), device="cpu")) if seed is None else seed)
 
     @torch.no_grad()
-    def init_weights(self, root: nn.Module) -> None:
+    def init_weights(self, root: nn.Module, seed: int) -> None:
         """Initialise the weights under `root` (the model or one of its parts): normal(init_std), residual output
-        projections scaled by 1/sqrt(2 n_layers), zero biases, xLSTM gate biases, ones for norms. Sharded training
-        materialises and initialises the model part by part with this (swax_lightning/parallel.py)."""
+        projections scaled by 1/sqrt(2 n_layers), zero biases, xLSTM gate biases, ones for norms.
+
+        Each weight draws from its own generator, seeded by (seed, its name in the model): the result does not depend
+        on the order in which parts are initialised, so sharded training, which materialises the model part by part
+        (swax_lightning/parallel.py), starts from exactly the weights of a 1-process run with the same seed."""
         std = self.cfg.init_std
         out_std = std / math.sqrt(2 * self.cfg.n_layers)
-        for name, module in root.named_modules():
+        prefix = next(name for name, module in self.named_modules() if module is root)
+        for name, module in root.named_modules(prefix=prefix):
+            if isinstance(module, nn.Embedding) and self.cfg.tie_embeddings:
+                continue  # the head's weight: drawn under the head's name
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 is_out = name.endswith(("out_proj", "ffn.down"))
-                nn.init.normal_(module.weight, std=out_std if is_out else std)
+                generator = _generator(seed, f"{name}.weight", module.weight.device)
+                nn.init.normal_(module.weight, std=out_std if is_out else std, generator=generator)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, (nn.RMSNorm, MultiHeadRMSNorm)):
@@ -139,3 +148,8 @@ class SWAXModel(nn.Module):
         logits = fp32(self.lm_head(self.norm(x)))
         cap = self.cfg.logit_soft_cap
         return cap * torch.tanh(logits / cap) if cap > 0 else logits
+
+
+def _generator(seed: int, name: str, device: torch.device) -> torch.Generator:
+    """A generator for one named weight: crc32 (not Python's salted hash) keeps the seed equal in every process."""
+    return torch.Generator(device=device).manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63)

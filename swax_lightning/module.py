@@ -30,7 +30,7 @@ from torchmetrics.aggregation import MeanMetric
 from swax_lightning.config import ConfigError, ModelConfig
 from swax_lightning.inference import continue_texts, show_continuation
 from swax_lightning.model import SWAXModel
-from swax_lightning.parallel import build_local, build_sharded
+from swax_lightning.parallel import build_local, build_sharded, fsdp_mesh, mixed_precision_policy
 
 
 @dataclass
@@ -145,9 +145,10 @@ class LanguageModule(L.LightningModule):
                                    "activation_checkpointing": activation_checkpointing, "compile": compile})
         self.model: SWAXModel | None = None
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
-        # The weights are drawn from the CPU RNG state of this moment (right after seed_everything), not from whatever
-        # data preparation left behind by the time configure_model runs: same seed, same initial model.
-        self._init_rng_state = torch.get_rng_state()
+        # The weights' seed is drawn now, right after seed_everything (not from whatever data preparation left in the
+        # RNG by the time configure_model runs): same seed, same initial model, on every rank and in every layout.
+        with torch.random.fork_rng(devices=[]):
+            self._init_seed = int(torch.randint(0, 2**62, ()))
 
     def configure_model(self) -> None:
         """Builds the model (once): sharded with FSDP2 under ModelParallelStrategy, whole otherwise."""
@@ -155,13 +156,11 @@ class LanguageModule(L.LightningModule):
             return
         strategy = self._trainer.strategy if self._trainer is not None else None
         wrappers = dict(activation_checkpointing=self.activation_checkpointing, compile_blocks=self.compile_blocks)
-        with torch.random.fork_rng(devices=[]):
-            torch.set_rng_state(self._init_rng_state)
-            if isinstance(strategy, ModelParallelStrategy):
-                self.model = build_sharded(self.arch, self.device_mesh["data_parallel"], strategy.root_device,
-                                           **wrappers)
-            else:
-                self.model = build_local(self.arch, **wrappers)
+        if isinstance(strategy, ModelParallelStrategy):
+            self.model = build_sharded(self.arch, fsdp_mesh(strategy), strategy.root_device, self._init_seed,
+                                       **wrappers, mp_policy=mixed_precision_policy(self._trainer.precision))
+        else:
+            self.model = build_local(self.arch, self._init_seed, **wrappers)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Refuses a checkpoint trained with another architecture (check_architecture), then builds the model to load

@@ -48,8 +48,8 @@ def test_fit_then_test_from_checkpoint(tmp_path):
 
 # The evaluation suite at CI size (the README's figures come from configs/base/tiny_eval.yaml, out to 131k tokens).
 SMALL_EVAL = ["--eval.niah_tasks", "[niah_single_1, niah_multikey_2]", "--eval.niah_lengths", "[1024, 2048]",
-              "--eval.niah_samples", "2", "--eval.babilong_tasks", "[qa1, qa4]", "--eval.babilong_lengths",
-              "[0, 1024]", "--eval.perplexity_len", "512", "--eval.perplexity_samples", "2", "--eval.max_new_tokens",
+              "--eval.niah_samples", "2", "--eval.niah_depths", "4", "--eval.babilong_tasks", "[qa1, qa4]",
+              "--eval.babilong_lengths", "[0, 2048]", "--eval.perplexity_len", "512", "--eval.perplexity_samples", "2", "--eval.max_new_tokens",
               "16"]
 
 
@@ -57,7 +57,11 @@ def _assert_eval_reports(run):
     results = json.loads((run / "eval/results.json").read_text())
     assert set(results["niah"]["scores"]) == {"niah_single_1", "niah_multikey_2", "average"}
     assert set(results["niah"]["scores"]["average"]) == {"1024", "2048"}
-    assert set(results["babilong"]["scores"]["qa1"]) == {"0", "1024"}
+    assert set(results["babilong"]["scores"]["qa1"]) == {"0", "2048"}
+    assert results["babilong"]["source"].startswith("generated")
+    assert results["niah"]["scores"]["average"]["2048"]["n"] == 4  # 2 tasks x 2 samples, with a 95% interval
+    assert len(results["niah"]["scores"]["average"]["2048"]["ci95"]) == 2
+    assert all(s["question"] and "prediction" in s and ("regenerate" in s) for s in results["samples"])
     assert [r["to"] for r in results["perplexity"]] == [64, 128, 256, 512]
     assert len(results["samples"]) == 2 * 2 * 2 + 2 * 2
     assert "RULER NIAH" in (run / "eval/results.md").read_text()

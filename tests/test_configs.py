@@ -49,6 +49,7 @@ def test_paper_arm(parser, arm):
         n_params = SWAXModel(arch).num_params()
     assert abs(n_params - nominal) / nominal < 0.05, f"{arm}: {n_params / 1e9:.3f}B"
     assert cfg["data"]["seq_len"] == 16384 and cfg["trainer"]["precision"] == "bf16-mixed"
+    assert cfg["trainer"]["strategy"]["class_path"] == "swax_lightning.strategy.FSDP2Strategy"
     global_batch = cfg["trainer"]["num_nodes"] * cfg["trainer"]["devices"] * cfg["data"]["batch_size"] \
         * cfg["trainer"]["accumulate_grad_batches"]
     tokens = cfg["trainer"]["max_steps"] * global_batch * cfg["data"]["seq_len"]

@@ -4,7 +4,7 @@
   continues on the next, `#` comment lines are dropped. A command added to the README later is run without any
   change here.
 - They run with bash, one after the other, in one scratch folder that links every file and folder of the repository
-  (so `runs/` and `data/` land there) and whose `.venv/bin/python` is the interpreter running the tests. They share
+  (so `runs/` and `data/` land there) and whose `.venv` is the environment running the tests. They share
   that folder as a user's commands share the repository: the fit prepares the one data folder and writes the
   checkpoint that the test, generate and compare commands read.
 - Two documented kinds of change, nothing else (REPLACED, SHORTENED): `bash setup.sh ... &&` is dropped (the
@@ -99,14 +99,19 @@ def as_run_here(command: str) -> str:
 
 
 def scratch_repository(folder: Path) -> Path:
-    """A folder that looks like a set-up checkout: links to the repository's entries and a `.venv/bin/python`."""
+    """A folder that looks like a set-up checkout: links to the repository's entries, and `.venv` the environment
+    running the tests (a link to it when it is a virtual environment, so `.venv/bin/<tool>` works too; else a
+    `.venv/bin/python` that runs this interpreter)."""
     for entry in ROOT.iterdir():
         if entry.name not in NOT_LINKED:
             (folder / entry.name).symlink_to(entry)
-    python = folder / ".venv/bin/python"
-    python.parent.mkdir(parents=True)
-    python.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
-    python.chmod(0o755)
+    if sys.prefix != sys.base_prefix:
+        (folder / ".venv").symlink_to(sys.prefix)
+    else:
+        python = folder / ".venv/bin/python"
+        python.parent.mkdir(parents=True)
+        python.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+        python.chmod(0o755)
     return folder
 
 

@@ -1,163 +1,275 @@
 """BABILong: bAbI reasoning facts hidden in long filler prose, generated offline (qa1-qa5) or read from the official
-files, with the official scoring rule.
+files, with the official prompts and scoring rule.
 
-Tasks (bAbI, Weston et al. 2015): qa1 single supporting fact ("Where is Mary?"), qa2 two supporting facts (where is
-an object someone carried), qa3 three supporting facts (where was an object before a place), qa4 two-argument
-relations (what is north of the office), qa5 three-argument relations (who gave the milk to Fred).
+Tasks (bAbI, Weston et al. 2015, as BABILong uses them):
+- qa1 single supporting fact: people move between rooms; "Where is Mary?".
+- qa2 two supporting facts: people also pick up and drop objects; "Where is the football?".
+- qa3 three supporting facts: "Where was the football before the kitchen?" (where the object was before it last
+  came to that room).
+- qa4 two-argument relations: two facts about one room ("The office is north of the kitchen. The garden is south of
+  the kitchen."); "What is north of the kitchen?" or "What is the kitchen south of?": the direction decides.
+- qa5 three-argument relations: people pass objects to each other; all five bAbI question forms ("Who gave the milk
+  to Fred?", "Who received the milk?", "What did Jeff give to Fred?", "Who did Jeff give the milk to?", "Who gave the
+  milk?"), answered by the latest matching hand-over.
+bAbI's sets: Mary, John, Daniel, Sandra (qa1-qa3); Fred, Mary, Jeff, Bill (qa5); six rooms; football, apple, milk.
 
 Decisions:
-- A small world simulator writes each story (people move, pick up, drop and give objects; rooms have directions), so
-  every answer follows from the facts; the facts keep their order and are spread over the filler at seeded positions
-  (recorded in the sample), the filler being sentences of the essay prose (PG-19 books in the official set).
-- Lengths are in the model's tokens, like RULER: the filler is sized so the prompt fills `length - max_new_tokens`
-  tokens; length 0 means the facts alone.
-- Scoring is the official rule: keep the first sentence of the output; correct iff the target is in it and no other
-  task label that is not in the question is.
-- Official files: `{data_dir}/{length}/{task}.jsonl` (or .json), rows with "input", "question", "target", as the
-  official dataset ships them (length folders named like 0k, 4k, 128k).
+- A small world simulator writes each story, so every answer follows from the facts; the facts keep their order and
+  are spread over filler sentences at seeded positions (recorded in the sample). The filler is the generated prose
+  of essay.py (PG-19 books in the official set; those cannot be fetched here).
+- Story lengths follow bAbI's: the number of facts is drawn per task (FACT_COUNTS) so that the facts alone are about
+  as long as the official 0k split (qa3: about 1,500 characters).
+- Lengths are in the model's tokens: the filler is sized so the prompt fills `length - max_new_tokens` tokens; length 0
+  means the facts alone. The official splits are named in GPT-2 tokens (0k, 1k, ... 128k, 512k, 1M), which cannot be
+  counted offline here; each sample records its characters and an estimate of its GPT-2 tokens (characters / 4, the
+  usual ratio of GPT-2's BPE on English prose) beside its exact count in model tokens.
+- The prompt is the official one (instruction, in-context examples, post-prompt, <context> ... </context>,
+  "Question: ..."), and scoring is the official rule: lower-case the output, keep its first sentence; correct iff the
+  target is the only task label in it that the question does not mention.
+- Official files: `{data_dir}/{task}/{split}.json` (JSON list or JSON lines of rows with "input", "question",
+  "target"), the layout of the downloaded dataset; the 1M split is "1M".
 """
 from __future__ import annotations
 
 import json
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from swax_lightning.evals.ruler import default_essay, largest_fitting, prose_sentences
+from swax_lightning.evals.essay import generated_essay, prose_sentences
+from swax_lightning.evals.ruler import largest_fitting
 
-PEOPLE = ["Mary", "John", "Daniel", "Sandra", "Fred", "Bill", "Julie", "Jeff"]
-PLACES = ["bathroom", "hallway", "kitchen", "garden", "office", "bedroom"]
-OBJECTS = ["football", "apple", "milk"]
-DIRECTIONS = {"north": "south", "south": "north", "east": "west", "west": "east"}
-MOVES = ["moved to", "went to", "journeyed to", "travelled to", "went back to"]
 TASKS = ("qa1", "qa2", "qa3", "qa4", "qa5")
-LABELS = {"qa1": PLACES, "qa2": PLACES, "qa3": PLACES, "qa4": PLACES, "qa5": [p.lower() for p in PEOPLE] + OBJECTS}
-INSTRUCTION = ("I will give you context with the facts about people, objects and places hidden in some random text "
-               "and a question. Answer the question based only on the facts. If something was in different places, "
-               "use the latest one unless the question asks otherwise.")
-PROMPT = "{instruction}\n<context>\n{context}\n</context>\nQuestion: {question}\nAnswer:"
+PLACES = ("bathroom", "bedroom", "garden", "hallway", "kitchen", "office")
+OBJECTS = ("football", "apple", "milk")
+PEOPLE = {"qa1": ("Mary", "John", "Daniel", "Sandra"), "qa2": ("Mary", "John", "Daniel", "Sandra"),
+          "qa3": ("Mary", "John", "Daniel", "Sandra"), "qa5": ("Fred", "Mary", "Jeff", "Bill")}
+LABELS = {"qa1": PLACES, "qa2": PLACES, "qa3": PLACES, "qa4": PLACES, "qa5": ("Bill", "Fred", "Jeff", "Mary") + OBJECTS}
+OPPOSITE = {"north": "south", "south": "north", "east": "west", "west": "east"}
+MOVES = ("moved to", "went to", "journeyed to", "travelled to", "went back to")
+PICKS = ("picked up", "got", "grabbed", "took")
+DROPS = ("dropped", "discarded", "put down", "left")
+GIVES = ("gave", "passed", "handed")
+FACT_COUNTS = {"qa1": (2, 10), "qa2": (10, 40), "qa3": (30, 70), "qa4": (2, 2), "qa5": (10, 40)}
+CHARS_PER_GPT2_TOKEN = 4.0
+
+TEMPLATE = "{instruction}\n{examples}\n{post_prompt}\n<context>\n{context}\n</context>\nQuestion: {question}"
+PROMPTS = {  # BABILong's default prompts (instruction, examples, post-prompt), as published
+    "qa1": ("I will give you context with the facts about positions of different persons hidden in some random text "
+            "and a question. You need to answer the question based only on the information from the facts. If a "
+            "person was in different locations, use the latest location to answer the question.",
+            "<example>\nCharlie went to the hallway. Judith come back to the kitchen. Charlie travelled to balcony. "
+            "Where is Charlie?\nAnswer: The most recent location of Charlie is balcony.\n</example>\n\n<example>\n"
+            "Alan moved to the garage. Charlie went to the beach. Alan went to the shop. Rouse travelled to balcony. "
+            "Where is Alan?\nAnswer: The most recent location of Alan is shop.\n</example>",
+            "Always return your answer in the following format: The most recent location of ’person’ is "
+            "’location’. Do not write anything else after that. "),
+    "qa2": ("I give you context with the facts about locations and actions of different persons hidden in some "
+            "random text and a question.You need to answer the question based only on the information from the "
+            "facts.\nIf a person got an item in the first location and travelled to the second location the item is "
+            "also in the second location. If a person dropped an item in the first location and moved to the second "
+            "location the item remains in the first location.",
+            "<example>\nCharlie went to the kitchen. Charlie got a bottle. Charlie moved to the balcony. Where is the "
+            "bottle?\nAnswer: The bottle is in the balcony.\n</example>\n<example>\nAlan moved to the garage. Alan "
+            "got a screw driver. Alan moved to the kitchen. Where is the screw driver?\nAnswer: The screw driver is "
+            "in the kitchen.\n</example>",
+            "Always return your answer in the following format: The ’item’ is in ’location’. Do not write anything "
+            "else after that."),
+    "qa3": ("I give you context with the facts about locations and actions of different persons hidden in some "
+            "random text and a question. You need to answer the question based only on the information from the "
+            "facts.\nIf a person got an item in the first location and travelled to the second location the item is "
+            "also in the second location. If a person dropped an item in the first location and moved to the second "
+            "location the item remains in the first location",
+            "<example>\nJohn journeyed to the bedroom.Mary grabbed the apple. Mary went back to the bathroom. Daniel "
+            "journeyed to the bedroom. Daniel moved to the garden. Mary travelled to the kitchen. Where was the apple "
+            "before the kitchen?\nAnswer: Before the kitchen the apple was in the bathroom.\n</example>\n<example>\n"
+            "John went back to the bedroom. John went back to the garden. John went back to the kitchen. Sandra took "
+            "the football. Sandra travelled to the garden. Sandra journeyed to the bedroom. Where was the football "
+            "before the bedroom?\nAnswer: Before the kitchen the football was in the garden.\n</example>",
+            "Always return your answer in the following format: Before the $location_1& the $item$ was in the "
+            "$location_2$. Do not write anything else after that."),
+    "qa4": ("I will give you context with the facts about different people, their location and actions, hidden in "
+            "some random text and a question. You need to answer the question based only on the information from "
+            "the facts.",
+            "<example>\nThe hallway is south of the kitchen. The bedroom is north of the kitchen. What is the kitchen "
+            "south of?\nAnswer: bedroom\n</example>\n<example>\nThe garden is west of the bedroom. The bedroom is "
+            "west of the kitchen. What is west of the bedroom?\nAnswer: garden\n</example>",
+            "Your answer should contain only one word - location. Do not write anything else after that."),
+    "qa5": ("I will give you context with the facts about locations and their relations hidden in some random text "
+            "and a question. You need to answer the question based only on the information from the facts.",
+            "<example>\nMary picked up the apple there. Mary gave the apple to Fred. Mary moved to the bedroom. Bill "
+            "took the milk there. Who did Mary give the apple to?\nAnswer: Fred\n</example>\n<example>\nJeff took the "
+            "football there. Jeff passed the football to Fred. Jeff got the milk there. Bill travelled to the "
+            "bedroom. Who gave the football?\nAnswer: Jeff\n</example>\n<example>\nFred picked up the apple there. "
+            "Fred handed the apple to Bill. Bill journeyed to the bedroom. Jeff went back to the garden. What did "
+            "Fred give to Bill?\nAnswer: apple\n</example>",
+            "Your answer should contain only one word. Do not write anything else after that. Do not explain your "
+            "answer."),
+}
 
 
 @dataclass
 class BabiSample:
     task: str
-    length: int
-    input_text: str
+    length: int                   # requested length in model tokens (0: the facts alone); 0 for official files
+    input_text: str               # the official prompt: what the model continues
     question: str
     target: str
-    fact_positions: list[int]     # character offsets of the facts in input_text
-    n_tokens: int
+    n_tokens: int                 # tokens of input_text in the model's tokenizer
+    index: int = 0                # with (seed, task, length): all it takes to regenerate a generated sample
+    source: str = "generated"     # "generated", or the official file the row came from
+    split: str | None = None      # the official split (GPT-2 tokens: 0k .. 1M) of an official row
+    fact_positions: list[int] = field(default_factory=list)  # character offsets of the facts in input_text
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    @property
+    def gpt2_tokens_estimate(self) -> int:
+        return round(len(self.input_text) / CHARS_PER_GPT2_TOKEN)
+
+
+def format_prompt(task: str, context: str, question: str) -> str:
+    instruction, examples, post_prompt = PROMPTS[task]
+    return TEMPLATE.format(instruction=instruction, examples=examples, post_prompt=post_prompt, context=context,
+                           question=question).strip()
 
 
 def babilong_score(output: str, target: str, question: str, task: str) -> float:
-    """Official BABILong rule: 1.0 iff the target is in the first sentence of the output and no other label of the
-    task (except those in the question) is."""
-    first = output.strip().lower().split(".")[0]
-    question = question.lower()
-    others = {label for label in LABELS[task] if label not in question} - {target.lower()}
-    return float(target.lower() in first and not any(label in first for label in others))
+    """The official rule: 1.0 iff the target is the only task label in the output's first sentence (lower-cased)
+    once the labels the question mentions are set aside."""
+    first = output.lower().split(".")[0].split("<context>")[0].split("<example>")[0]
+    labels = {label.lower() for label in LABELS[task]}
+    in_question = {label for label in labels if label in question.lower()}
+    found = {label for label in labels if label in first} - in_question
+    return float(found == {target.lower()})
 
 
-def _story(task: str, rng: random.Random) -> tuple[list[str], str, str]:
-    """(facts, question, target) of one bAbI-style story."""
-    if task == "qa4":
-        a, b = rng.sample(PLACES, 2)
-        direction = rng.choice(list(DIRECTIONS))
-        c, d = rng.sample([p for p in PLACES if p not in (a, b)], 2)
-        distractor = f"The {c} is {rng.choice(list(DIRECTIONS))} of the {d}."
-        facts = [f"The {a} is {direction} of the {b}.", distractor]
-        rng.shuffle(facts)
-        if rng.random() < 0.5:
-            return facts, f"What is {direction} of the {b}?", a
-        return facts, f"What is the {b} {DIRECTIONS[direction]} of?", a
-    where = {p: None for p in PEOPLE}
-    holder: dict[str, str | None] = {o: None for o in OBJECTS}
-    obj_at: dict[str, str | None] = {o: None for o in OBJECTS}
-    history: dict[str, list[str]] = {o: [] for o in OBJECTS}
-    facts, gives = [], []
-    people = rng.sample(PEOPLE, 4)
-    for _ in range(rng.randint(8, 14)):
-        person = rng.choice(people)
-        action = rng.random()
-        held = [o for o in OBJECTS if holder[o] == person]
-        free = [o for o in OBJECTS if holder[o] is None and where[person] and obj_at[o] in (None, where[person])]
-        if task in ("qa2", "qa3", "qa5") and action < 0.3 and free and where[person]:
-            obj = rng.choice(free)
-            holder[obj], obj_at[obj] = person, where[person]
-            facts.append(f"{person} {rng.choice(['picked up', 'got', 'grabbed'])} the {obj}.")
-        elif task in ("qa2", "qa3") and action < 0.4 and held:
+class World:
+    """People, their rooms and the objects they carry; every change is written as one bAbI fact."""
+
+    def __init__(self, task: str, rng: random.Random):
+        self.task, self.rng = task, rng
+        self.where: dict[str, str | None] = dict.fromkeys(PEOPLE[task])
+        self.holder: dict[str, str | None] = dict.fromkeys(OBJECTS)
+        self.history: dict[str, list[str]] = {o: [] for o in OBJECTS}  # rooms each object has been in, in order
+        self.gives: list[tuple[str, str, str]] = []  # (giver, object, receiver)
+        self.facts: list[str] = []
+        self.there = " there" if task == "qa5" else ""
+
+    def location(self, obj: str) -> str | None:
+        return self.where[self.holder[obj]] if self.holder[obj] else (self.history[obj] or [None])[-1]
+
+    def _note(self, obj: str) -> None:
+        room = self.location(obj)
+        if room and (not self.history[obj] or self.history[obj][-1] != room):
+            self.history[obj].append(room)
+
+    def step(self) -> None:
+        rng, person = self.rng, self.rng.choice(list(self.where))
+        room = self.where[person]
+        held = [o for o in OBJECTS if self.holder[o] == person]
+        here = [o for o in OBJECTS if room and self.holder[o] is None and self.location(o) in (None, room)]
+        company = [p for p in self.where if p != person and room and self.where[p] == room]
+        roll = rng.random()
+        if self.task != "qa1" and roll < 0.25 and here:
+            obj = rng.choice(here)
+            self.holder[obj] = person
+            self.facts.append(f"{person} {rng.choice(PICKS)} the {obj}{self.there}.")
+        elif self.task == "qa5" and roll < 0.5 and held and company:
+            obj, receiver = rng.choice(held), rng.choice(company)
+            self.holder[obj] = receiver
+            self.gives.append((person, obj, receiver))
+            self.facts.append(f"{person} {rng.choice(GIVES)} the {obj} to {receiver}.")
+        elif self.task != "qa1" and roll < 0.6 and held:
             obj = rng.choice(held)
-            holder[obj] = None
-            facts.append(f"{person} {rng.choice(['dropped', 'discarded', 'put down'])} the {obj}.")
-        elif task == "qa5" and action < 0.6 and held:
-            obj = rng.choice(held)
-            others = [p for p in people if p != person and where[p] == where[person]] or \
-                [p for p in people if p != person]
-            receiver = rng.choice(others)
-            holder[obj] = receiver
-            gives.append((person, obj, receiver))
-            facts.append(f"{person} gave the {obj} to {receiver}.")
+            self.holder[obj] = None
+            self.facts.append(f"{person} {rng.choice(DROPS)} the {obj}{self.there}.")
         else:
-            place = rng.choice([p for p in PLACES if p != where[person]])
-            where[person] = place
-            facts.append(f"{person} {rng.choice(MOVES)} the {place}.")
+            self.where[person] = rng.choice([p for p in PLACES if p != room])
+            self.facts.append(f"{person} {rng.choice(MOVES)} the {self.where[person]}.")
         for obj in OBJECTS:
-            if holder[obj] is not None:
-                obj_at[obj] = where[holder[obj]]
-            if obj_at[obj] and (not history[obj] or history[obj][-1] != obj_at[obj]):
-                history[obj].append(obj_at[obj])
+            self._note(obj)
+
+
+def _relations_story(rng: random.Random) -> tuple[list[str], str, str]:
+    """qa4: two facts about one room; the question names that room, so only the direction tells the answer."""
+    a, b, c = rng.sample(PLACES, 3)
+    direction = rng.choice(list(OPPOSITE))
+    if rng.random() < 0.5:  # a and c both relate to b
+        other = rng.choice([d for d in OPPOSITE if d != direction])
+        facts = [f"The {a} is {direction} of the {b}.", f"The {c} is {other} of the {b}."]
+    else:  # a chain: a, b, c in one direction
+        facts = [f"The {a} is {direction} of the {b}.", f"The {b} is {direction} of the {c}."]
+    rng.shuffle(facts)
+    if rng.random() < 0.5:
+        return facts, f"What is {direction} of the {b}?", a
+    return facts, f"What is the {b} {OPPOSITE[direction]} of?", a
+
+
+def _question(task: str, world: World, rng: random.Random) -> tuple[str, str] | None:
+    """(question, answer) about the story so far, or None when the story cannot answer one of this task's kind."""
     if task == "qa1":
-        person = rng.choice([p for p in people if where[p]])
-        return facts, f"Where is {person}?", where[person]
+        known = [p for p, room in world.where.items() if room]
+        person = rng.choice(known)
+        return f"Where is {person}?", world.where[person]
     if task == "qa2":
-        known = [o for o in OBJECTS if obj_at[o]]
-        if known:
-            obj = rng.choice(known)
-            return facts, f"Where is the {obj}?", obj_at[obj]
+        known = [o for o in OBJECTS if world.location(o)]
+        obj = known and rng.choice(known)
+        return (f"Where is the {obj}?", world.location(obj)) if obj else None
     if task == "qa3":
-        known = [o for o in OBJECTS if len(history[o]) >= 2]
-        if known:
-            obj = rng.choice(known)
-            return facts, f"Where was the {obj} before the {history[obj][-1]}?", history[obj][-2]
-    if task == "qa5" and gives:
-        giver, obj, receiver = gives[-1]
-        kind = rng.randrange(3)
-        if kind == 0:
-            return facts, f"Who gave the {obj} to {receiver}?", giver
-        if kind == 1:
-            return facts, f"Who received the {obj}?", receiver
-        return facts, f"What did {giver} give to {receiver}?", obj
-    return _story(task, rng)  # the walk did not make the question answerable: draw another
+        moved = [o for o in OBJECTS if len(world.history[o]) >= 2]
+        obj = moved and rng.choice(moved)
+        return (f"Where was the {obj} before the {world.history[obj][-1]}?", world.history[obj][-2]) if obj else None
+    if not world.gives:
+        return None
+    giver, obj, receiver = rng.choice(world.gives)
+    latest = lambda ok: [g for g in world.gives if ok(g)][-1]  # noqa: E731  the latest matching hand-over
+    form = rng.randrange(5)
+    if form == 0:
+        return f"Who gave the {obj} to {receiver}?", latest(lambda g: g[1:] == (obj, receiver))[0]
+    if form == 1:
+        return f"Who received the {obj}?", latest(lambda g: g[1] == obj)[2]
+    if form == 2:
+        return f"What did {giver} give to {receiver}?", latest(lambda g: (g[0], g[2]) == (giver, receiver))[1]
+    if form == 3:
+        return f"Who did {giver} give the {obj} to?", latest(lambda g: g[:2] == (giver, obj))[2]
+    return f"Who gave the {obj}?", latest(lambda g: g[1] == obj)[0]
+
+
+def story(task: str, rng: random.Random) -> tuple[list[str], str, str]:
+    """(facts, question, target) of one bAbI story of the task."""
+    if task == "qa4":
+        return _relations_story(rng)
+    while True:
+        world, n_facts = World(task, rng), rng.randint(*FACT_COUNTS[task])
+        while len(world.facts) < n_facts:
+            world.step()
+        asked = _question(task, world, rng)
+        if asked:
+            return world.facts, *asked
 
 
 class BabiLongGenerator:
-    def __init__(self, tokenizer, max_new_tokens: int = 16, filler: str | None = None, seed: int = 0):
+    def __init__(self, tokenizer, max_new_tokens: int = 32, filler: str | None = None, seed: int = 0):
         self.tokenizer, self.max_new_tokens, self.seed = tokenizer, max_new_tokens, seed
-        text = filler if filler is not None else default_essay()
+        text = filler if filler is not None else generated_essay(seed=seed)
         self.filler = prose_sentences(text)
 
     def sample(self, task: str, length: int, index: int = 0) -> BabiSample:
         if task not in TASKS:
             raise ValueError(f"unknown BABILong task {task!r}; known: {', '.join(TASKS)}")
         rng = random.Random(f"{self.seed}/{task}/{length}/{index}")
-        facts, question, target = _story(task, rng)
+        facts, question, target = story(task, rng)
         start, fractions = rng.randrange(len(self.filler)), sorted(rng.random() for _ in facts)
+        head = len(format_prompt(task, "\x00", question).split("\x00")[0])
 
         def build(n: int) -> tuple[str, list[int]]:
             sentences = [self.filler[(start + i) % len(self.filler)] for i in range(n)]
-            for i, (fraction, fact) in enumerate(zip(fractions, facts)):  # fractions ascend: the facts keep order
-                sentences.insert(round(fraction * n) + i, fact)
-            context = " ".join(sentences)
-            head = len(PROMPT.format(instruction=INSTRUCTION, context="\x00", question=question).split("\x00")[0])
-            positions, offset = [], 0
+            slots = [round(fraction * n) + i for i, fraction in enumerate(fractions)]  # ascending: facts keep order
+            for slot, fact in zip(slots, facts):
+                sentences.insert(slot, fact)
+            offsets = [0]
             for sentence in sentences:
-                if sentence in facts and len(positions) < len(facts):
-                    positions.append(head + offset)
-                offset += len(sentence) + 1
-            return PROMPT.format(instruction=INSTRUCTION, context=context, question=question), positions
+                offsets.append(offsets[-1] + len(sentence) + 1)
+            return format_prompt(task, " ".join(sentences), question), [head + offsets[s] for s in slots]
 
         n = 0
         if length > 0:
@@ -166,24 +278,36 @@ class BabiLongGenerator:
                 raise ValueError(f"{task}: length {length} is too short for the story and the question")
             n = largest_fitting(fits)
         text, positions = build(n)
-        return BabiSample(task, length, text, question, target, positions, self._count(text))
+        return BabiSample(task, length, text, question, target, self._count(text), index, fact_positions=positions)
 
     def _count(self, text: str) -> int:
         return len(self.tokenizer.encode(text))
 
 
-def load_official(data_dir: str | Path, task: str, length_name: str) -> list[BabiSample]:
-    """Samples of the official BABILong files: {data_dir}/{length_name}/{task}.jsonl or .json."""
-    folder = Path(data_dir) / length_name
-    path = next((p for p in (folder / f"{task}.jsonl", folder / f"{task}.json") if p.exists()), None)
-    if path is None:
-        raise FileNotFoundError(f"BABILong file not found: {folder / task}.jsonl (or .json)")
+def split_name(length: int) -> str:
+    """The official split holding contexts of `length` GPT-2 tokens: 0k, 1k, ... 128k, 512k, 1M."""
+    return "1M" if length == 1 << 20 else f"{length // 1024}k"
+
+
+def load_official(data_dir: str | Path, task: str, split: str, tokenizer=None) -> list[BabiSample]:
+    """Samples of the official BABILong files as downloaded: {data_dir}/{task}/{split}.json, rows with "input",
+    "question", "target" (a JSON list, or one JSON object per line)."""
+    path = Path(data_dir) / task / f"{split}.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"BABILong file not found: {path} (expected the official layout <data>/<task>/<split>"
+                                f".json, splits 0k, 1k, ... 128k, 512k, 1M)")
     text = path.read_text()
-    rows = json.loads(text) if path.suffix == ".json" else [json.loads(line) for line in text.splitlines() if line]
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError:
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    rows = [rows] if isinstance(rows, dict) else rows  # JSON lines with a single row
     samples = []
     for i, row in enumerate(rows):
-        if not {"input", "question", "target"} <= set(row):
+        if not isinstance(row, dict) or not {"input", "question", "target"} <= set(row):
             raise ValueError(f"{path} row {i}: expected the fields input, question, target")
-        prompt = PROMPT.format(instruction=INSTRUCTION, context=row["input"], question=row["question"])
-        samples.append(BabiSample(task, 0, prompt, row["question"], row["target"], [], 0))
+        prompt = format_prompt(task, row["input"], row["question"])
+        n_tokens = len(tokenizer.encode(prompt)) if tokenizer else 0
+        samples.append(BabiSample(task, 0, prompt, row["question"], str(row["target"]), n_tokens, i, str(path),
+                                  split))
     return samples

@@ -3,13 +3,16 @@
     python -m swax_lightning.evals.compare runs/tiny/*/eval/results.json --out runs/tiny/comparison
 
 Each run is named by its folder (runs/<experiment>/<arm>/eval/results.json -> <arm>). Writes comparison.md and
-niah_vs_length.png into --out, and prints the table.
+niah_vs_length.png into --out, and prints the table. Every cell is the average over tasks with its 95% interval and
+sample count, and the plot draws the intervals as error bars: two runs differ only where their intervals part.
 """
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
+
+from swax_lightning.evals.reports import lengths_of, show
 
 
 def run_name(path: Path) -> str:
@@ -22,19 +25,15 @@ def compare(paths: list[Path]) -> tuple[str, dict]:
         if not path.is_file():
             raise FileNotFoundError(f"results file not found: {path}")
         runs[run_name(path)] = json.loads(path.read_text())
-    lines = []
-    niah_lengths = sorted({n for r in runs.values() for n in r.get("niah", {}).get("scores", {}).get("average", {})},
-                          key=int)
-    bab_lengths = sorted({n for r in runs.values() for n in r.get("babilong", {}).get("scores", {}).get("average",
-                                                                                                         {})}, key=int)
-    header = ["run"] + [f"NIAH {n}" for n in niah_lengths] + [f"BABILong {n}" for n in bab_lengths]
-    lines += ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
-    for name, result in runs.items():
-        niah = result.get("niah", {}).get("scores", {}).get("average", {})
-        bab = result.get("babilong", {}).get("scores", {}).get("average", {})
-        cells = [f"{niah[n]:.1f}" if n in niah else "-" for n in niah_lengths]
-        cells += [f"{bab[n]:.1f}" if n in bab else "-" for n in bab_lengths]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    averages = {name: {bench: result.get(bench, {}).get("scores", {}).get("average", {})
+                       for bench in ("niah", "babilong")} for name, result in runs.items()}
+    columns = [(bench, n) for bench in ("niah", "babilong")
+               for n in lengths_of({name: a[bench] for name, a in averages.items()})]
+    header = ["run"] + [f"{'NIAH' if bench == 'niah' else 'BABILong'} {n}" for bench, n in columns]
+    lines = ["Average over tasks: mean [95% interval] n=samples.\n", "| " + " | ".join(header) + " |",
+             "|---" * len(header) + "|"]
+    for name, average in averages.items():
+        lines.append(f"| {name} | " + " | ".join(show(average[bench].get(n)) or "-" for bench, n in columns) + " |")
     return "\n".join(lines) + "\n", runs
 
 
@@ -49,10 +48,14 @@ def plot(runs: dict, out: Path) -> None:
         average = result.get("niah", {}).get("scores", {}).get("average", {})
         if average:
             lengths = sorted(average, key=int)
-            ax.plot([int(n) for n in lengths], [average[n] for n in lengths], marker="o", label=name)
+            means = [average[n]["mean"] for n in lengths]
+            errors = [[m - average[n]["ci95"][0] for m, n in zip(means, lengths)],
+                      [average[n]["ci95"][1] - m for m, n in zip(means, lengths)]]
+            ax.errorbar([int(n) for n in lengths], means, yerr=errors, marker="o", capsize=3, label=name)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("NIAH accuracy (%, average over tasks)")
+    ax.set_title("RULER NIAH by context length (95% intervals)")
     ax.set_ylim(-2, 102)
     ax.grid(alpha=0.3)
     ax.legend()

@@ -1,34 +1,42 @@
 """RULER needle-in-a-haystack (NIAH): the eight tasks, generated offline, scored with string_match_all.
 
-Spec (RULER; ../shared/DESIGN.md section 9). A needle is "One of the special magic {type} for {key} is: {value}.";
+Spec (RULER's synthetic.yaml and niah.py). A needle is "One of the special magic {type} for {key} is: {value}.";
 haystacks are noise (five fixed sentences repeated), essay (long English prose) or needle (distractor needles only);
 keys and values are adjective-noun words, 7-digit numbers or uuid4s. The prompt asks for all the special magic {type}
 for the queried key(s) and ends with the answer prefix; the model continues it greedily (up to 128 tokens) and the
-score is the share of references found in the continuation (case-insensitive substring), x 100.
+score is the share of references found in the continuation (case-insensitive substring), x 100. When a task has one
+value for one query (6 of the 8 tasks) the prompt is rewritten in the singular, as RULER does ("A special magic
+number is hidden ... What is the special magic number for ..."). Noise and needle haystacks are joined by newlines,
+essay sentences by spaces, as in RULER.
 
 Decisions:
 - Context length is counted in the model's own tokens: the haystack is sized by bisection on its number of units,
   then on the words of one more partial unit, so that prompt + answer prefix fill `length - max_new_tokens` tokens
   as closely as the tokenizer allows, never more.
-- The queried needle sits at the requested depth, measured in characters of the haystack (0 = first, 1 = last);
-  other needles of the sample go to seeded random places. Everything is a pure function of
-  (seed, task, length, depth, index).
-- The essay haystack is the language reference's prose in `pydoc_data.topics` (on every machine) unless a file is
-  given; words come from words.txt beside this file.
+- The queried needle sits at the requested depth, measured in characters of the haystack (0 = first, 1 = last), for
+  every haystack (RULER places needles at random in the noise and needle haystacks); other needles of the sample go to
+  seeded random places. Everything is a pure function of (seed, task, length, depth, index).
+- Depths: RULER's grid of 40 evenly spaced depths (depth_grid). With a few depths that include 1.0, a model that sees
+  only its last W tokens finds the needle right before the question in one sample of five and scores 20 at any
+  length; over 40 depths its score is the share of the haystack inside its window (tests/test_ruler.py).
+- The essay haystack is generated prose (essay.py: no training corpus here holds it) unless a text is given; key
+  words come from words.txt beside this file.
 """
 from __future__ import annotations
 
 import random
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from swax_lightning.evals.essay import generated_essay, prose_sentences
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 NEEDLE = "One of the special magic {type} for {key} is: {value}."
-PROMPT = ("Some special magic {type} are hidden within the following text. Make sure to memorize it. I will quiz you "
-          "about the {type} afterwards.\n{context}\nWhat are all the special magic {type} for {query} mentioned in "
-          "the provided text?")
-ANSWER_PREFIX = " The special magic {type} for {query} mentioned in the provided text are"
+TEMPLATE = ("Some special magic {type} are hidden within the following text. Make sure to memorize it. I will quiz you "
+            "about the {type} afterwards.\n{context}\nWhat are all the special magic {type} for {query} mentioned in "
+            "the provided text? The special magic {type} for {query} mentioned in the provided text are")
+N_DEPTHS = 40
 
 TASKS = {  # haystack, key kind, value kind, keys, values per key, queried keys
     "niah_single_1": ("noise", "words", "numbers", 1, 1, 1),
@@ -47,14 +55,13 @@ class NIAHSample:
     task: str
     length: int
     depth: float                  # requested depth of the queried needle (0 = start, 1 = end)
+    index: int                    # with (seed, task, length, depth): all it takes to regenerate the sample
     input_text: str               # prompt + answer prefix: what the model continues
+    question: str                 # the question line of the prompt
     references: list[str]
     n_tokens: int                 # tokens of input_text in the model's tokenizer
     needle_char: int              # where the queried needle starts in input_text
     context_span: tuple[int, int] = field(default=(0, 0))  # the haystack's [start, end) in input_text
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def load_words() -> tuple[list[str], list[str]]:
@@ -69,15 +76,20 @@ def load_words() -> tuple[list[str], list[str]]:
     return sections["adjectives"], sections["nouns"]
 
 
-def default_essay() -> str:
-    from pydoc_data.topics import topics
+def depth_grid(n: int = N_DEPTHS) -> list[float]:
+    """n evenly spaced needle depths from 0 (start of the haystack) to 1 (its end), RULER's grid for n = 40."""
+    if n < 1:
+        raise ValueError(f"the depth grid needs at least one depth (got {n})")
+    return [0.5] if n == 1 else [round(i / (n - 1), 6) for i in range(n)]
 
-    return "\n".join(topics[k] for k in sorted(topics))
 
-
-def prose_sentences(text: str) -> list[str]:
-    """Sentences of running prose (haystack and filler units), skipping fragments of three words or fewer."""
-    return [s.strip() + "." for s in text.replace("\n", " ").split(". ") if len(s.split()) > 3]
+def prompt_template(value_kind: str, singular: bool) -> str:
+    """The prompt with {context} and {query} left to fill, in RULER's singular when asked."""
+    template = TEMPLATE
+    if singular:  # RULER's rewrite, in its order ("are all" before "are")
+        template = template.replace("Some", "A").replace("are all", "is").replace("are", "is")
+        value_kind = value_kind[:-1]
+    return template.replace("{type}", value_kind)
 
 
 def largest_fitting(ok) -> int:
@@ -107,7 +119,7 @@ class NIAHGenerator:
     def __init__(self, tokenizer, max_new_tokens: int = 128, essay: str | None = None, seed: int = 0):
         self.tokenizer, self.max_new_tokens, self.seed = tokenizer, max_new_tokens, seed
         self.adjectives, self.nouns = load_words()
-        text = essay if essay is not None else default_essay()
+        text = essay if essay is not None else generated_essay(seed=seed)
         self.essay_sentences = prose_sentences(text)
         if len(self.essay_sentences) < 10:
             raise ValueError("the essay haystack needs at least 10 sentences of prose")
@@ -148,6 +160,7 @@ class NIAHGenerator:
         references = [value for key, value in needles if key in queried]
         query = ", ".join(queried[:-1]) + (", and " if n_queries > 1 else "") + queried[-1]
         other_depths = [rng.random() for _ in needles[1:]]
+        template = prompt_template(value_kind, singular=n_values * n_queries == 1)
         unit_seed = rng.random()
 
         def build(n_units: int, extra_words: int = 0) -> tuple[str, int, tuple[int, int]]:
@@ -162,10 +175,9 @@ class NIAHGenerator:
                 offsets.append(offsets[-1] + len(unit) + 1)
             slot = min(range(len(offsets)), key=lambda i: abs(offsets[i] - depth * offsets[-1]))
             units.insert(slot, texts[0])
-            context = " ".join(units)
-            head = PROMPT.format(type=value_kind, context="\x00", query=query).split("\x00")[0]
-            text = PROMPT.format(type=value_kind, context=context, query=query) + \
-                ANSWER_PREFIX.format(type=value_kind, query=query)
+            context = (" " if haystack == "essay" else "\n").join(units)
+            head = template.split("{context}")[0]
+            text = template.replace("{query}", query).replace("{context}", context)
             return text, len(head) + offsets[slot], (len(head), len(head) + len(context))
 
         budget = length - self.max_new_tokens
@@ -179,7 +191,8 @@ class NIAHGenerator:
                                      set(keys))[-1].split())
         words = largest_fitting(lambda w: w <= unit_words and fits(n, w))
         text, needle_char, span = build(n, words)
-        return NIAHSample(task, length, depth, text, references, self._count(text), needle_char, span)
+        question = text[span[1]:].strip().split("?")[0] + "?"
+        return NIAHSample(task, length, depth, index, text, question, references, self._count(text), needle_char, span)
 
     def _count(self, text: str) -> int:
         return len(self.tokenizer.encode(text))

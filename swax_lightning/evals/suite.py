@@ -1,20 +1,26 @@
 """EvalSuite: the evaluations `main.py test` runs after the test loop, and the reports they leave.
 
 Configured from the YAML section `eval:` (the CLI always installs this callback; with nothing configured it does
-nothing). After Lightning's test loop (held-out loss, perplexity, bits per byte), rank 0 runs, as configured:
+nothing). After Lightning's test loop (held-out loss, perplexity, bits per byte), rank 0 runs, as configured (on an
+unsharded copy of a model trained with FSDP2, gathered from all ranks; see parallel.py):
 RULER NIAH (ruler.py), BABILong (babilong.py), perplexity by position (perplexity.py) and lm-evaluation-harness tasks
 (lm_eval_adapter.py), all through the streaming inference, so 131k-token contexts run in bounded memory.
 
-Reports, written beside the checkpoint's run (runs/<experiment>/<arm>/eval/, or `output_dir`):
-- results.json: every score, the settings, and every sample's prediction;
+Reports (reports.py), written beside the checkpoint's run (runs/<experiment>/<arm>/eval/, or `output_dir`):
+- results.json: the settings, every cell's mean, sample count and 95% interval, and every sample (its question,
+  references or target, prediction, score, length in tokens, and the arguments that regenerate its prompt with
+  `python -m swax_lightning.evals.regenerate`, whose options are in settings["regenerate"]);
 - results.md: the tables; niah_heatmap.png: NIAH accuracy by needle depth x context length;
 - TensorBoard: eval/... scalars per task and length, and the heatmap as an image.
 Compare runs with `python -m swax_lightning.evals.compare`.
+
+Decision: NIAH needle depths follow RULER's grid (40 evenly spaced depths by default) and are dealt so that every
+(length, depth) cell gets the same number of samples and each task spreads over the whole depth range: sample i of
+task t at a length takes depth number (i * n_tasks + t) mod n_depths, which needs n_tasks * niah_samples to be a
+multiple of the number of depths.
 """
 from __future__ import annotations
 
-import json
-import os
 from collections import defaultdict
 from pathlib import Path
 
@@ -22,7 +28,13 @@ from lightning.pytorch.callbacks import Callback
 from tqdm import tqdm
 
 from swax_lightning.evals import babilong, ruler
+from swax_lightning.evals.reports import flat_metrics, heatmap_figure, summarize, write_reports
 from swax_lightning.inference import continue_texts, override_attention
+from swax_lightning.parallel import evaluation_model
+
+BABILONG_NEW_TOKENS = 32
+INTERVAL_NOTE = ("95% Wilson score intervals on the mean share; exact in spirit for 0/100 scores, an approximation "
+                 "for the partial scores of niah_multivalue and niah_multiquery")
 
 
 class EvalSuite(Callback):
@@ -31,14 +43,15 @@ class EvalSuite(Callback):
     Args:
         niah_tasks: RULER NIAH tasks (niah_single_1/2/3, niah_multikey_1/2/3, niah_multivalue, niah_multiquery).
         niah_lengths: Context lengths in the model's tokens.
-        niah_samples: Samples per task and length (needle depths rotate through niah_depths across samples,
-            tasks and lengths).
-        niah_depths: Needle depths (0 = start of the haystack, 1 = end).
+        niah_samples: Samples per task and length; n_tasks * niah_samples must be a multiple of the number of depths.
+        niah_depths: Needle depths (0 = start of the haystack, 1 = end), or their number for an evenly spaced grid
+            (RULER: 40).
         babilong_tasks: BABILong tasks (qa1 .. qa5).
         babilong_lengths: Context lengths in tokens (0 = the facts alone).
         babilong_samples: Samples per task and length.
-        babilong_data_dir: Official BABILong files ({dir}/{length}/{task}.jsonl) instead of generated samples; the
-            lengths are then folder names like 0k, 4k (from babilong_lengths / 1024).
+        babilong_data_dir: Official BABILong files as downloaded ({dir}/{task}/{split}.json) instead of generated
+            samples; babilong_lengths are then read in the official unit (GPT-2 tokens) and name the splits
+            (4096 -> 4k, 1048576 -> 1M).
         perplexity_len: Sequence length for perplexity by position on the held-out shards (empty = skip).
         perplexity_samples: Sequences for it.
         lm_eval_tasks: lm-evaluation-harness task names (arc_easy, arc_challenge, hellaswag, mbpp, or your own).
@@ -49,14 +62,14 @@ class EvalSuite(Callback):
         convert_full_attention: Also run full-attention layers as SWA(window, n_sink) (training-free conversion).
         max_new_tokens: Generation budget of NIAH (RULER: 128); BABILong uses 32.
         chunk_len: Prefill chunk length.
-        essay_file: Text file for the essay haystack and the BABILong filler (empty = the language reference).
+        essay_file: Text file for the essay haystack and the BABILong filler (empty = generated prose, essay.py).
         output_dir: Where the reports go (empty = <run>/eval/).
         seed: Seed of every generated sample.
     """
 
     def __init__(self, niah_tasks: list[str] | None = None,
                  niah_lengths: list[int] = (4096, 8192, 16384, 32768, 65536, 131072), niah_samples: int = 5,
-                 niah_depths: list[float] = (0.0, 0.25, 0.5, 0.75, 1.0), babilong_tasks: list[str] | None = None,
+                 niah_depths: int | list[float] = ruler.N_DEPTHS, babilong_tasks: list[str] | None = None,
                  babilong_lengths: list[int] = (0, 4096, 16384, 65536, 131072), babilong_samples: int = 5,
                  babilong_data_dir: str | None = None, perplexity_len: int | None = None, perplexity_samples: int = 8,
                  lm_eval_tasks: list[str] | None = None, lm_eval_include_path: str | None = None,
@@ -75,15 +88,21 @@ class EvalSuite(Callback):
             raise FileNotFoundError(f"EvalSuite.essay_file not found: {essay_file}")
         if babilong_data_dir is not None and not Path(babilong_data_dir).is_dir():
             raise FileNotFoundError(f"EvalSuite.babilong_data_dir not found: {babilong_data_dir}")
-        if any(d < 0 or d > 1 for d in niah_depths):
-            raise ValueError(f"EvalSuite.niah_depths must be in [0, 1] (got {list(niah_depths)})")
-        self.niah_lengths, self.niah_samples, self.niah_depths = list(niah_lengths), niah_samples, list(niah_depths)
+        niah_depths = ruler.depth_grid(niah_depths) if isinstance(niah_depths, int) else list(niah_depths)
+        if not niah_depths or any(d < 0 or d > 1 for d in niah_depths):
+            raise ValueError(f"EvalSuite.niah_depths must be depths in [0, 1] or their number (got {niah_depths})")
+        if self.niah_tasks and (len(self.niah_tasks) * niah_samples) % len(niah_depths):
+            raise ValueError(f"EvalSuite.niah_samples: {len(self.niah_tasks)} tasks x {niah_samples} samples per "
+                             f"length cannot fill {len(niah_depths)} depths (niah_depths) equally; make the product "
+                             f"a multiple of the number of depths")
+        self.niah_lengths, self.niah_samples, self.niah_depths = list(niah_lengths), niah_samples, niah_depths
         self.babilong_lengths, self.babilong_samples = list(babilong_lengths), babilong_samples
         self.babilong_data_dir = babilong_data_dir
         self.perplexity_len, self.perplexity_samples = perplexity_len, perplexity_samples
         self.lm_eval_include_path, self.lm_eval_limit = lm_eval_include_path, lm_eval_limit
         self.window, self.n_sink, self.convert_full_attention = window, n_sink, convert_full_attention
         self.max_new_tokens, self.chunk_len, self.seed = max_new_tokens, chunk_len, seed
+        self.essay_file = essay_file
         self.essay = Path(essay_file).read_text() if essay_file else None
         self.output_dir = output_dir
 
@@ -92,13 +111,15 @@ class EvalSuite(Callback):
         return bool(self.niah_tasks or self.babilong_tasks or self.lm_eval_tasks or self.perplexity_len)
 
     def on_test_end(self, trainer, pl_module) -> None:
-        if not self.enabled or not trainer.is_global_zero:
+        if not self.enabled:
             return
-        model, data = pl_module.model, trainer.datamodule
+        model, data = evaluation_model(trainer, pl_module), trainer.datamodule  # every rank: a gather under FSDP2
+        if model is None:  # not rank 0
+            return
         was_training, window = model.training, model.window
         model.eval()
         override_attention(model, self.window, self.n_sink, self.convert_full_attention)
-        results = {"settings": self._settings(model), "samples": []}
+        results = {"settings": self._settings(model, data.tokenizer), "samples": []}
         if self.niah_tasks:
             results["niah"] = self._run_niah(model, data.tokenizer, results["samples"])
         if self.babilong_tasks:
@@ -121,49 +142,78 @@ class EvalSuite(Callback):
             model.set_window(window)
         model.train(was_training)
 
-    def _settings(self, model) -> dict:
+    def _settings(self, model, tokenizer) -> dict:
+        regenerate = (f"python -m swax_lightning.evals.regenerate --tokenizer {tokenizer.name} --seed {self.seed} "
+                      f"--niah_max_new_tokens {self.max_new_tokens} --babilong_max_new_tokens {BABILONG_NEW_TOKENS}"
+                      + (f" --essay_file {self.essay_file}" if self.essay_file else "") + " <sample's regenerate>")
         return {"window": model.window, "pattern": model.cfg.pattern, "niah_lengths": self.niah_lengths,
                 "niah_samples": self.niah_samples, "niah_depths": self.niah_depths,
                 "babilong_lengths": self.babilong_lengths, "babilong_samples": self.babilong_samples,
                 "max_new_tokens": self.max_new_tokens, "seed": self.seed,
-                "convert_full_attention": self.convert_full_attention, "n_sink": self.n_sink}
+                "convert_full_attention": self.convert_full_attention, "n_sink": self.n_sink,
+                "haystack": "essay_file" if self.essay_file else "generated prose (swax_lightning/evals/essay.py)",
+                "regenerate": regenerate}
 
     def _generate(self, model, tokenizer, text: str, max_new_tokens: int) -> str:
         return continue_texts(model, tokenizer, [text], max_new_tokens, chunk_len=self.chunk_len)[0]
 
+    def _niah_jobs(self) -> list[tuple[str, int, int, float]]:
+        """(task, length, index, depth) of every NIAH sample: per length, the depths are dealt over the samples of
+        all tasks so that each depth gets the same count and each task spans the whole depth range."""
+        n_tasks, depths = len(self.niah_tasks), self.niah_depths
+        return [(task, length, i, depths[(i * n_tasks + t) % len(depths)]) for length in self.niah_lengths
+                for t, task in enumerate(self.niah_tasks) for i in range(self.niah_samples)]
+
     def _run_niah(self, model, tokenizer, samples: list) -> dict:
         generator = ruler.NIAHGenerator(tokenizer, self.max_new_tokens, self.essay, self.seed)
         scores = defaultdict(list)
-        jobs = [(t, n, i) for t in self.niah_tasks for n in self.niah_lengths for i in range(self.niah_samples)]
-        for task, length, i in tqdm(jobs, desc="RULER NIAH"):
-            # depths rotate with the sample, the task and the length, so even one sample each fills the heatmap
-            turn = i + self.niah_tasks.index(task) + self.niah_lengths.index(length)
-            depth = self.niah_depths[turn % len(self.niah_depths)]
+        for task, length, i, depth in tqdm(self._niah_jobs(), desc="RULER NIAH"):
             sample = generator.sample(task, length, depth, i)
             prediction = self._generate(model, tokenizer, sample.input_text, self.max_new_tokens)
             score = ruler.string_match_all(prediction, sample.references)
             scores[(task, length, depth)].append(score)
-            samples.append({"eval": "niah", "task": task, "length": length, "depth": depth, "score": score,
-                            "prediction": prediction, "references": sample.references, "tokens": sample.n_tokens})
-        return summarize(scores)
+            samples.append({"eval": "niah", "task": task, "length": length, "depth": depth, "index": i,
+                            "tokens": sample.n_tokens, "question": sample.question,
+                            "references": sample.references, "prediction": prediction, "score": score,
+                            "regenerate": f"niah {task} {length} {depth} {i}"})
+        return {**summarize(scores), "interval": INTERVAL_NOTE}
+
+    def _babilong_items(self, generator, task: str, length: int) -> tuple[str, list]:
+        """(column name, samples) of one task and length: generated, or the official split's first rows."""
+        if self.babilong_data_dir:
+            split = babilong.split_name(length)
+            items = babilong.load_official(self.babilong_data_dir, task, split, generator.tokenizer)
+            return split, items[:self.babilong_samples]
+        return str(length), [generator.sample(task, length, i) for i in range(self.babilong_samples)]
 
     def _run_babilong(self, model, tokenizer, samples: list) -> dict:
-        generator = babilong.BabiLongGenerator(tokenizer, 32, self.essay, self.seed)
+        generator = babilong.BabiLongGenerator(tokenizer, BABILONG_NEW_TOKENS, self.essay, self.seed)
         scores = defaultdict(list)
         for task in self.babilong_tasks:
             for length in self.babilong_lengths:
-                if self.babilong_data_dir:
-                    items = babilong.load_official(self.babilong_data_dir, task, f"{length // 1024}k")
-                    items = items[:self.babilong_samples]
-                else:
-                    items = [generator.sample(task, length, i) for i in range(self.babilong_samples)]
-                for item in tqdm(items, desc=f"BABILong {task} {length}", leave=False):
-                    prediction = self._generate(model, tokenizer, item.input_text, 32)
+                column, items = self._babilong_items(generator, task, length)
+                for item in tqdm(items, desc=f"BABILong {task} {column}", leave=False):
+                    prediction = self._generate(model, tokenizer, item.input_text, BABILONG_NEW_TOKENS)
                     score = 100.0 * babilong.babilong_score(prediction, item.target, item.question, task)
-                    scores[(task, length, None)].append(score)
-                    samples.append({"eval": "babilong", "task": task, "length": length, "score": score,
-                                    "prediction": prediction, "target": item.target})
-        return summarize(scores)
+                    scores[(task, column, None)].append(score)
+                    record = {"eval": "babilong", "task": task, "length": column, "index": item.index,
+                              "tokens": item.n_tokens, "gpt2_tokens_estimate": item.gpt2_tokens_estimate,
+                              "question": item.question, "target": item.target, "prediction": prediction,
+                              "score": score}
+                    if self.babilong_data_dir:
+                        record["source"] = f"{task}/{column}.json row {item.index}"
+                    else:
+                        record["regenerate"] = f"babilong {task} {length} {item.index}"
+                    samples.append(record)
+        out = summarize(scores)
+        if self.babilong_data_dir:
+            out["source"] = f"official BABILong files in {self.babilong_data_dir}"
+            out["length_unit"] = "official splits (GPT-2 tokens)"
+        else:
+            out["source"] = (f"generated (swax_lightning/evals/babilong.py, seed {self.seed}, filler: "
+                             f"{'essay_file' if self.essay_file else 'generated prose'})")
+            out["length_unit"] = "model tokens (each sample also records an estimate of its GPT-2 tokens)"
+        return out
 
     def _output_dir(self, trainer) -> Path:
         if self.output_dir:
@@ -180,97 +230,3 @@ class EvalSuite(Callback):
             if hasattr(experiment, "add_figure") and "niah" in results:
                 experiment.add_figure("eval/niah_heatmap", heatmap_figure(results["niah"]), trainer.global_step)
                 experiment.flush()
-
-
-def summarize(scores: dict) -> dict:
-    """Mean scores by task and length, their average over tasks, and (NIAH) a depth x length grid."""
-    by_task, by_depth = defaultdict(lambda: defaultdict(list)), defaultdict(lambda: defaultdict(list))
-    for (task, length, depth), values in scores.items():
-        by_task[task][length] += values
-        if depth is not None:
-            by_depth[depth][length] += values
-    mean = lambda v: sum(v) / len(v)  # noqa: E731
-    table = {task: {str(n): mean(v) for n, v in lengths.items()} for task, lengths in by_task.items()}
-    lengths = sorted({n for lengths in by_task.values() for n in lengths})
-    table["average"] = {str(n): mean([mean(by_task[t][n]) for t in by_task if n in by_task[t]]) for n in lengths}
-    out = {"scores": table}
-    if by_depth:
-        out["depth_x_length"] = {str(d): {str(n): mean(v) for n, v in row.items()}
-                                 for d, row in sorted(by_depth.items())}
-    return out
-
-
-def flat_metrics(results: dict) -> dict:
-    metrics = {}
-    for name in ("niah", "babilong"):
-        for task, row in results.get(name, {}).get("scores", {}).items():
-            for length, score in row.items():
-                metrics[f"eval/{name}/{task}/{length}"] = score
-    for row in results.get("perplexity", []):
-        metrics[f"eval/ppl_by_position/{row['from']}-{row['to']}/loss"] = row["loss"]
-        metrics[f"eval/ppl_by_position/{row['from']}-{row['to']}/bpb"] = row["bpb"]
-    for task, values in results.get("lm_eval", {}).items():
-        for metric, value in values.items():
-            if isinstance(value, (int, float)):
-                metrics[f"eval/lm_eval/{task}/{metric}"] = value
-    return metrics
-
-
-def heatmap_figure(niah: dict):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    grid = niah["depth_x_length"]
-    depths = list(grid)
-    lengths = sorted({n for row in grid.values() for n in row}, key=int)
-    values = [[grid[d].get(n, float("nan")) for n in lengths] for d in depths]
-    fig, ax = plt.subplots(figsize=(1.2 * len(lengths) + 2, 0.6 * len(depths) + 1.5))
-    image = ax.imshow(values, vmin=0, vmax=100, cmap="RdYlGn", aspect="auto")
-    ax.set_xticks(range(len(lengths)), [f"{int(n) // 1024}k" if int(n) >= 1024 else n for n in lengths])
-    ax.set_yticks(range(len(depths)), [f"{float(d):.0%}" for d in depths])
-    ax.set_xlabel("context length (tokens)")
-    ax.set_ylabel("needle depth")
-    for i, row in enumerate(values):
-        for j, v in enumerate(row):
-            ax.text(j, i, f"{v:.0f}", ha="center", va="center", fontsize=8)
-    fig.colorbar(image, ax=ax, label="NIAH accuracy (%)")
-    fig.tight_layout()
-    return fig
-
-
-def markdown(results: dict) -> str:
-    lines = [f"# Evaluation results\n\nSettings: `{json.dumps(results['settings'])}`\n"]
-    for name, title in (("niah", "RULER NIAH (string_match_all, %)"), ("babilong", "BABILong (accuracy, %)")):
-        if name not in results:
-            continue
-        table = results[name]["scores"]
-        lengths = sorted({n for row in table.values() for n in row}, key=int)
-        lines += [f"## {title}\n", "| task | " + " | ".join(lengths) + " |", "|---" * (len(lengths) + 1) + "|"]
-        lines += [f"| {task} | " + " | ".join(f"{row.get(n, float('nan')):.1f}" for n in lengths) + " |"
-                  for task, row in table.items()]
-        lines.append("")
-    if "perplexity" in results:
-        lines += ["## Loss by position\n", "| positions | loss | ppl | bits/byte |", "|---|---|---|---|"]
-        lines += [f"| {r['from']}-{r['to']} | {r['loss']:.4f} | {r['ppl']:.3f} | {r['bpb']:.4f} |"
-                  for r in results["perplexity"]]
-        lines.append("")
-    if "lm_eval" in results:
-        lines += ["## lm-evaluation-harness\n", "| task | metric | value |", "|---|---|---|"]
-        lines += [f"| {task} | {metric} | {value:.4f} |" for task, values in results["lm_eval"].items()
-                  for metric, value in values.items() if isinstance(value, (int, float))]
-    return "\n".join(lines) + "\n"
-
-
-def write_reports(results: dict, out_dir: Path) -> None:
-    """results.json, results.md and (NIAH) niah_heatmap.png, each written to a temporary file then renamed."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name, text in (("results.json", json.dumps(results, indent=2)), ("results.md", markdown(results))):
-        tmp = out_dir / f".{name}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, out_dir / name)
-    if "niah" in results:
-        fig = heatmap_figure(results["niah"])
-        fig.savefig(out_dir / ".niah_heatmap.tmp.png", dpi=100)
-        os.replace(out_dir / ".niah_heatmap.tmp.png", out_dir / "niah_heatmap.png")

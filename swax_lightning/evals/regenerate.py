@@ -1,0 +1,49 @@
+"""Print the prompt of one generated evaluation sample, exactly as the evaluation built it.
+
+    python -m swax_lightning.evals.regenerate --tokenizer byte --seed 0 niah niah_single_2 4096 0.5 3
+    python -m swax_lightning.evals.regenerate --tokenizer tok.json --seed 0 babilong qa3 16384 7
+
+results.json does not store 131k-token prompts: its settings hold this command's options (`regenerate`) and each
+sample its arguments (the sample's `regenerate`), since every generated sample is a pure function of them.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from swax_lightning.evals import babilong, ruler
+from swax_lightning.tokenizer import load_tokenizer
+
+
+def prompt(kind: str, task: str, length: int, index: int, depth: float | None, tokenizer, seed: int,
+           niah_max_new_tokens: int = 128, babilong_max_new_tokens: int = 32, essay: str | None = None) -> str:
+    if kind == "niah":
+        return ruler.NIAHGenerator(tokenizer, niah_max_new_tokens, essay, seed).sample(task, length, depth,
+                                                                                         index).input_text
+    return babilong.BabiLongGenerator(tokenizer, babilong_max_new_tokens, essay, seed).sample(task, length,
+                                                                                              index).input_text
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokenizer", default="byte", help="'byte' or a tokenizer.json (the run's data.tokenizer)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--niah_max_new_tokens", type=int, default=128)
+    parser.add_argument("--babilong_max_new_tokens", type=int, default=32)
+    parser.add_argument("--essay_file", type=Path, help="the run's eval.essay_file, if it had one")
+    parser.add_argument("kind", choices=["niah", "babilong"])
+    parser.add_argument("task")
+    parser.add_argument("length", type=int)
+    parser.add_argument("rest", nargs="+", help="niah: DEPTH INDEX; babilong: INDEX")
+    args = parser.parse_args(argv)
+    expected = 2 if args.kind == "niah" else 1
+    if len(args.rest) != expected:
+        parser.error(f"{args.kind} takes {'DEPTH INDEX' if expected == 2 else 'INDEX'} after the length")
+    depth = float(args.rest[0]) if args.kind == "niah" else None
+    essay = args.essay_file.read_text() if args.essay_file else None
+    print(prompt(args.kind, args.task, args.length, int(args.rest[-1]), depth, load_tokenizer(args.tokenizer),
+                 args.seed, args.niah_max_new_tokens, args.babilong_max_new_tokens, essay))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""Evaluation reports: per-cell summaries with sample counts and 95% intervals, results.json, results.md, the NIAH
+heatmap and the TensorBoard scalars.
+
+Decisions:
+- A cell (task x length, or depth x length) reports its mean score, its sample count n and a 95% Wilson score
+  interval on the mean share. Wilson is exact in its coverage idea for 0/100 scores (BABILong, single-needle NIAH)
+  and stays inside [0, 100] with one sample (a 0 from one sample is "0 [0, 79]", not "0"); for NIAH tasks with
+  partial scores (multivalue, multiquery) it is an approximation, said so in the report.
+- The "average" row pools every sample of a length across tasks (each task has the same count per length).
+- results.json is plain, deterministic JSON: no timings, no absolute paths in "samples", keys in a fixed order, so
+  two runs of the same model and settings give the same file.
+- Every file is written to a temporary name, then renamed: a crash never leaves half a report.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import defaultdict
+from pathlib import Path
+
+Z95 = 1.959963984540054
+
+
+def wilson_interval(mean_percent: float, n: int) -> list[float]:
+    """95% Wilson score interval, in percent, of a share observed as `mean_percent` over n samples."""
+    if n == 0:
+        return [0.0, 100.0]
+    p = mean_percent / 100
+    centre = (p + Z95 ** 2 / (2 * n)) / (1 + Z95 ** 2 / n)
+    half = Z95 * math.sqrt(p * (1 - p) / n + Z95 ** 2 / (4 * n * n)) / (1 + Z95 ** 2 / n)
+    return [round(100 * max(0.0, centre - half), 2), round(100 * min(1.0, centre + half), 2)]
+
+
+def cell(values: list[float]) -> dict:
+    mean = sum(values) / len(values)
+    return {"mean": mean, "n": len(values), "ci95": wilson_interval(mean, len(values))}
+
+
+def summarize(scores: dict) -> dict:
+    """scores: {(task, length, depth or None): [score, ...]} -> {"scores": {task: {length: cell}}, with an "average"
+    row pooling the tasks, and (when depths are given) "depth_x_length": {depth: {length: cell}}}."""
+    by_task, by_depth, by_length = (defaultdict(lambda: defaultdict(list)) for _ in range(3))
+    for (task, length, depth), values in scores.items():
+        by_task[task][str(length)] += values
+        by_length["average"][str(length)] += values
+        if depth is not None:
+            by_depth[f"{depth:g}"][str(length)] += values
+    table = {task: {n: cell(v) for n, v in rows.items()} for task, rows in by_task.items()}
+    table["average"] = {n: cell(v) for n, v in by_length["average"].items()}
+    out = {"scores": table}
+    if by_depth:
+        out["depth_x_length"] = {d: {n: cell(v) for n, v in by_depth[d].items()}
+                                 for d in sorted(by_depth, key=float)}
+    return out
+
+
+def lengths_of(table: dict) -> list[str]:
+    """The length columns of a score table, in increasing order (numbers of tokens, or split names like 4k)."""
+    def order(n: str):
+        return (float(n[:-1]) * (1 << 20 if n[-1] == "M" else 1024)) if n[-1] in "kM" else float(n)
+    return sorted({n for row in table.values() for n in row}, key=order)
+
+
+def show(c: dict | None) -> str:
+    return "" if c is None else f"{c['mean']:.1f} [{c['ci95'][0]:.0f}, {c['ci95'][1]:.0f}] n={c['n']}"
+
+
+def flat_metrics(results: dict) -> dict:
+    """TensorBoard scalars: eval/<benchmark>/<task>/<length> (mean), perplexity by position, lm-eval metrics as
+    eval/lm_eval/<task>/<metric>/<filter>."""
+    metrics = {}
+    for name in ("niah", "babilong"):
+        for task, row in results.get(name, {}).get("scores", {}).items():
+            for length, c in row.items():
+                metrics[f"eval/{name}/{task}/{length}"] = c["mean"]
+    for row in results.get("perplexity", []):
+        metrics[f"eval/ppl_by_position/{row['from']}-{row['to']}/loss"] = row["loss"]
+        metrics[f"eval/ppl_by_position/{row['from']}-{row['to']}/bpb"] = row["bpb"]
+    for task, values in results.get("lm_eval", {}).items():
+        for metric, value in values.items():
+            if isinstance(value, (int, float)):
+                metrics[f"eval/lm_eval/{task}/{metric.replace(',', '/')}"] = value
+    return metrics
+
+
+def heatmap_figure(niah: dict):
+    """NIAH mean score by needle depth (rows) x context length in tokens (columns); cells without samples blank."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    grid = niah["depth_x_length"]
+    depths, lengths = list(grid), lengths_of(grid)
+    values = np.ma.masked_invalid([[grid[d][n]["mean"] if n in grid[d] else np.nan for n in lengths]
+                                   for d in depths])
+    counts = {grid[d][n]["n"] for d in depths for n in lengths if n in grid[d]}
+    fig, ax = plt.subplots(figsize=(1.2 * len(lengths) + 3, 0.22 * len(depths) + 2))
+    cmap = plt.get_cmap("RdYlGn").with_extremes(bad="white")
+    image = ax.imshow(values, vmin=0, vmax=100, cmap=cmap, aspect="auto")
+    ax.set_xticks(range(len(lengths)), [f"{int(n) // 1024}k" if int(n) >= 1024 else n for n in lengths])
+    ax.set_yticks(range(len(depths)), [f"{float(d):.0%}" for d in depths], fontsize=7 if len(depths) > 12 else 9)
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("needle depth (share of the haystack)")
+    n_text = "/".join(str(n) for n in sorted(counts))
+    ax.set_title(f"RULER NIAH accuracy (%) by needle depth and context length\n(mean over tasks, n = {n_text} samples "
+                 "per cell)", fontsize=10)
+    if len(depths) <= 20:  # numbers in the cells while they stay legible
+        empty = np.ma.getmaskarray(values)
+        for i, j in zip(*np.nonzero(~empty)):
+            ax.text(j, i, f"{values[i, j]:.0f}", ha="center", va="center", fontsize=8)
+    fig.colorbar(image, ax=ax, label="accuracy (%)")
+    fig.tight_layout()
+    return fig
+
+
+def markdown(results: dict) -> str:
+    lines = [f"# Evaluation results\n\nSettings: `{json.dumps(results['settings'])}`\n",
+             "Cells: mean score [95% Wilson interval] n=samples.\n"]
+    titles = {"niah": "RULER NIAH (string_match_all, %; columns: context length in model tokens)",
+              "babilong": "BABILong (official rule, %)"}
+    for name, title in titles.items():
+        if name not in results:
+            continue
+        table = results[name]["scores"]
+        lengths = lengths_of(table)
+        lines.append(f"## {title}\n")
+        if name == "babilong":
+            lines.append(f"Data: {results[name]['source']}; columns: {results[name]['length_unit']}.\n")
+        lines += ["| task | " + " | ".join(lengths) + " |", "|---" * (len(lengths) + 1) + "|"]
+        lines += [f"| {task} | " + " | ".join(show(row.get(n)) for n in lengths) + " |" for task, row in table.items()]
+        lines.append("")
+    if "perplexity" in results:
+        lines += ["## Loss by position\n", "| positions | loss | ppl | bits/byte |", "|---|---|---|---|"]
+        lines += [f"| {r['from']}-{r['to']} | {r['loss']:.4f} | {r['ppl']:.3f} | {r['bpb']:.4f} |"
+                  for r in results["perplexity"]]
+        lines.append("")
+    if "lm_eval" in results:
+        lines += ["## lm-evaluation-harness\n", "| task | metric,filter | value |", "|---|---|---|"]
+        lines += [f"| {task} | {metric} | {value:.4f} |" for task, values in results["lm_eval"].items()
+                  for metric, value in values.items() if isinstance(value, (int, float))]
+    return "\n".join(lines) + "\n"
+
+
+def _replace(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def write_reports(results: dict, out_dir: Path) -> None:
+    """results.json, results.md and (NIAH) niah_heatmap.png in out_dir."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _replace(out_dir / "results.json", lambda p: p.write_text(json.dumps(results, indent=2)))
+    _replace(out_dir / "results.md", lambda p: p.write_text(markdown(results)))
+    if "niah" in results:
+        fig = heatmap_figure(results["niah"])
+        _replace(out_dir / "niah_heatmap.png", lambda p: fig.savefig(p, dpi=100))

@@ -1,0 +1,82 @@
+"""NumericsGuard: a non-finite loss or gradient norm stops training (or skips the step) instead of training on NaN.
+
+Without it, a diverging run (e.g. lr 1e3) logs NaN from some step to the end, exits 0, and every checkpoint after
+that step, last.ckpt included, holds NaN weights.
+
+Decisions:
+- Checked after the backward, before the optimizer step (`on_before_optimizer_step`): the step's loss (every
+  micro-batch of it) and the global gradient norm (over all shards under FSDP2). The ranks agree on the decision (one
+  boolean all-reduce), so no rank is left waiting in a collective the others abandoned.
+- `action: stop` (default) raises an error naming the step, the loss and the norm before the weights change, so the
+  weights and every checkpoint stay finite. `action: skip` drops the step's gradients (AdamW leaves parameters without a
+  gradient untouched: no update, no weight decay), logs train/skipped_steps, and stops after `max_skips` skipped steps
+  in a row.
+- LatestCheckpoint (checkpoints.py) also refuses to write non-finite weights, whatever their cause.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Literal
+
+import torch
+from lightning.pytorch.callbacks import Callback
+
+
+class NonFiniteError(RuntimeError):
+    pass
+
+
+class NumericsGuard(Callback):
+    """Stops (or skips) optimizer steps with a non-finite loss or gradient norm.
+
+    Args:
+        action: "stop" raises at the first bad step; "skip" drops its gradients and goes on.
+        max_skips: Under "skip", this many bad steps in a row still stop training.
+    """
+
+    def __init__(self, action: Literal["stop", "skip"] = "stop", max_skips: int = 10):
+        if action not in ("stop", "skip"):
+            raise ValueError(f"NumericsGuard.action must be 'stop' or 'skip' (got {action!r})")
+        if max_skips < 1:
+            raise ValueError(f"NumericsGuard.max_skips must be >= 1 (got {max_skips})")
+        self.action, self.max_skips = action, max_skips
+        self.skipped_in_a_row, self.skipped = 0, 0
+        self._loss_finite = True
+
+    def on_before_backward(self, trainer, pl_module, loss: torch.Tensor) -> None:
+        self._loss_finite &= bool(torch.isfinite(loss.detach()))
+        self._last_loss = float(loss.detach())
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+        norm = _global_norm(grads)
+        bad = not (self._loss_finite and math.isfinite(norm))
+        bad = trainer.strategy.reduce_boolean_decision(bad, all=False)  # any rank
+        self._loss_finite = True
+        if not bad:
+            self.skipped_in_a_row = 0
+            return
+        what = f"non-finite loss or gradient at step {trainer.global_step} (loss {self._last_loss}, gradient norm {norm})"
+        self.skipped_in_a_row += 1
+        if self.action == "stop" or self.skipped_in_a_row > self.max_skips:
+            raise NonFiniteError(f"{what}: training stopped before the weights changed; the checkpoints hold the last "
+                                 "finite state (NumericsGuard; action: skip drops such steps instead)")
+        warnings.warn(f"{what}: step skipped", stacklevel=2)
+        self.skipped += 1
+        for p in pl_module.parameters():
+            p.grad = None
+        pl_module.log("train/skipped_steps", float(self.skipped))
+
+    def state_dict(self) -> dict:
+        return {"skipped": self.skipped, "skipped_in_a_row": self.skipped_in_a_row}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.skipped, self.skipped_in_a_row = state["skipped"], state["skipped_in_a_row"]
+
+
+def _global_norm(grads: list[torch.Tensor]) -> float:
+    if not grads:
+        return 0.0
+    norm = torch.nn.utils.get_total_norm(grads)
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: reduced over all shards

@@ -1,0 +1,108 @@
+"""last.ckpt is always the newest finite state, and the numerics guard stops (or skips) non-finite steps without
+letting a NaN model replace a good checkpoint. One process, tiny model, in-process Lightning runs."""
+import math
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+
+from swax_lightning.checkpoints import LAST, LatestCheckpoint
+from swax_lightning.data import TextDataModule
+from swax_lightning.module import LanguageModule
+from swax_lightning.numerics import NonFiniteError, NumericsGuard
+
+TINY = dict(vocab_size=257, d_model=32, n_layers=2, n_heads=2, mlstm_heads=2, chunk_size=16, window=32)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("data") / "shards")
+
+
+def _fit(tmp, data_dir, max_steps, lr=1e-2, callbacks=(), every=0, val_every=2, guard="stop"):
+    L.seed_everything(0)
+    module = LanguageModule(arch=TINY, optim=dict(lr=lr, warmup_steps=0))
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_steps=max_steps, val_check_interval=val_every, check_val_every_n_epoch=None,
+        limit_val_batches=1, log_every_n_steps=1, logger=CSVLogger(tmp, name="run", version=0),
+        enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[*callbacks, ModelCheckpoint(dirpath=f"{tmp}/ckpt", monitor="val/loss"),
+                   LatestCheckpoint(every_n_train_steps=every), NumericsGuard(action=guard)])
+    trainer.fit(module, TextDataModule(source="embedded", data_dir=data_dir, seq_len=64, batch_size=2))
+    return trainer, module
+
+
+def _last(tmp):
+    return torch.load(tmp / "ckpt" / LAST, weights_only=False)
+
+
+def test_last_checkpoint_is_the_final_step_not_the_last_validation(tmp_path, data_dir):
+    trainer, module = _fit(tmp_path, data_dir, max_steps=5, val_every=2)
+    saved = _last(tmp_path)
+    assert saved["global_step"] == 5 == trainer.global_step  # ModelCheckpoint(save_last) would hold step 4
+    for name, value in module.state_dict().items():
+        assert torch.equal(saved["state_dict"][name], value), name
+    assert not list((tmp_path / "ckpt").glob(".*"))  # no temporary file left behind
+
+
+def test_non_finite_loss_stops_with_the_step_named_and_keeps_the_last_finite_checkpoint(tmp_path, data_dir):
+    with pytest.raises(NonFiniteError, match=r"non-finite loss or gradient at step (\d+)") as err:
+        _fit(tmp_path, data_dir, max_steps=60, lr=1e3, every=1)
+    bad_step = int(err.value.args[0].split("at step ")[1].split()[0])
+    saved = _last(tmp_path)
+    assert 0 < saved["global_step"] <= bad_step
+    assert all(torch.isfinite(v).all() for v in saved["state_dict"].values())
+
+
+class PoisonWeights(Callback):
+    """Writes NaN into one weight right after the optimizer step of `step` (before LatestCheckpoint sees it)."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            with torch.no_grad():
+                pl_module.model.lm_head.weight[0, 0] = math.nan
+
+
+def test_non_finite_weights_never_replace_last_checkpoint(tmp_path, data_dir):
+    with pytest.warns(UserWarning, match=f"step 3: the weights are not finite; {LAST} keeps the previous state"):
+        with pytest.raises(NonFiniteError, match="at step 3"):
+            _fit(tmp_path, data_dir, max_steps=10, every=1, callbacks=[PoisonWeights(3)])
+    saved = _last(tmp_path)
+    assert saved["global_step"] == 2
+    assert all(torch.isfinite(v).all() for v in saved["state_dict"].values())
+
+
+class NaNLossAt(Callback):
+    """Makes the loss of optimizer step `step` NaN (through the batch: an id the model has no row for is not enough,
+    so the module's loss is patched for that one step)."""
+
+    def __init__(self, step):
+        self.step, self.params_before = step, None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            self.params_before = {n: p.detach().clone() for n, p in pl_module.named_parameters()}
+            original = pl_module.loss
+            pl_module.loss = lambda b: (original(b)[0] * math.nan, original(b)[1])
+            self._restore = lambda: setattr(pl_module, "loss", original)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self.params_before is not None and trainer.global_step == self.step + 1:
+            self._restore()
+            self.params_after = {n: p.detach().clone() for n, p in pl_module.named_parameters()}
+
+
+def test_skip_mode_drops_the_bad_step_and_goes_on(tmp_path, data_dir):
+    probe = NaNLossAt(2)
+    with pytest.warns(UserWarning, match="non-finite loss or gradient at step 2.*step skipped"):
+        trainer, module = _fit(tmp_path, data_dir, max_steps=5, callbacks=[probe], guard="skip")
+    assert trainer.global_step == 5
+    for name, before in probe.params_before.items():
+        assert torch.equal(probe.params_after[name], before), name  # no update, no weight decay
+    assert all(torch.isfinite(p).all() for p in module.parameters())
+    assert trainer.callback_metrics["train/skipped_steps"] == 1

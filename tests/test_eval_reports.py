@@ -1,0 +1,121 @@
+"""Evaluation reports and the suite's settings: cells with counts and 95% intervals, deterministic results.json,
+the heatmap (title, token and depth axes, blank empty cells), the comparison command with intervals, the NIAH
+depth deal (every (length, depth) cell the same count), regenerating a sample's prompt from its recorded arguments."""
+import json
+
+import pytest
+
+from swax_lightning.evals import reports, ruler
+from swax_lightning.evals.suite import EvalSuite
+from swax_lightning.tokenizer import ByteTokenizer
+
+
+@pytest.mark.parametrize("mean,n,interval", [
+    (0.0, 1, [0.0, 79.35]), (100.0, 1, [20.65, 100.0]), (50.0, 40, [35.20, 64.80]), (0.0, 0, [0.0, 100.0])])
+def test_wilson_interval(mean, n, interval):
+    assert reports.wilson_interval(mean, n) == pytest.approx(interval, abs=0.01)
+
+
+def make_results():
+    niah = reports.summarize({("niah_single_1", 4096, 0.0): [100.0, 100.0], ("niah_single_1", 8192, 0.5): [50.0],
+                              ("niah_multikey_1", 4096, 0.5): [0.0, 0.0]})
+    return {"settings": {}, "niah": niah, "samples": []}
+
+
+def test_cells_carry_count_and_interval(tmp_path):
+    reports.write_reports(make_results(), tmp_path)
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert report["niah"]["scores"]["average"]["4096"] == {"mean": 50.0, "n": 4, "ci95": [15.0, 85.0]}
+    assert report["niah"]["depth_x_length"]["0.5"]["4096"]["n"] == 2
+    assert "8192" not in report["niah"]["depth_x_length"]["0"]  # an empty cell is absent, not a number
+    table = (tmp_path / "results.md").read_text()
+    assert "| niah_single_1 | 100.0 [34, 100] n=2 | 50.0 [" in table
+    assert "| niah_multikey_1 | 0.0 [0, 66] n=2 |  |" in table  # no sample at 8192: blank
+    reports.write_reports(make_results(), tmp_path / "again")
+    assert (tmp_path / "again/results.json").read_bytes() == (tmp_path / "results.json").read_bytes()
+    assert not list(tmp_path.glob(".*tmp*"))  # temporary files renamed away
+
+
+def test_heatmap_is_titled_and_leaves_empty_cells_blank():
+    fig = reports.heatmap_figure(make_results()["niah"])
+    ax = fig.axes[0]
+    assert "RULER NIAH" in ax.get_title() and "n = 1/2" in ax.get_title()
+    assert ax.get_xlabel() == "context length (tokens)" and "depth" in ax.get_ylabel()
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["4k", "8k"]
+    texts = sorted(t.get_text() for t in ax.texts)
+    assert texts == ["0", "100", "50"] and "nan" not in texts  # 3 cells with samples, 1 blank
+
+
+def test_comparison_shows_intervals(tmp_path, capsys):
+    from swax_lightning.evals.compare import main as compare_main
+
+    for arm in ("w16", "w64"):
+        reports.write_reports(make_results(), tmp_path / arm / "eval")
+    compare_main([str(tmp_path / "w16/eval/results.json"), str(tmp_path / "w64/eval/results.json"), "--out",
+                  str(tmp_path / "cmp")])
+    table = (tmp_path / "cmp/comparison.md").read_text()
+    assert "| w16 | 50.0 [15, 85] n=4 | 50.0 [5, 95] n=1 |" in table and "| w64 |" in table
+    assert "95% interval" in capsys.readouterr().out
+    assert (tmp_path / "cmp/niah_vs_length.png").stat().st_size > 1000
+    with pytest.raises(FileNotFoundError, match="missing.json"):
+        compare_main([str(tmp_path / "missing.json")])
+
+
+def test_every_length_depth_cell_gets_the_same_count():
+    suite = EvalSuite(niah_tasks=list(ruler.TASKS), niah_lengths=[4096, 8192], niah_samples=5)
+    jobs = suite._niah_jobs()
+    assert len(suite.niah_depths) == 40 and len(jobs) == 2 * 8 * 5
+    for length in (4096, 8192):
+        depths = [d for _, n, _, d in jobs if n == length]
+        assert sorted(depths) == sorted(ruler.depth_grid())  # each depth once per length
+    for task in ruler.TASKS:  # each task spans the whole range, not a band of depths
+        depths = [d for t, n, _, d in jobs if t == task and n == 4096]
+        assert min(depths) < 0.25 and max(depths) > 0.75
+    with pytest.raises(ValueError, match="niah_samples"):
+        EvalSuite(niah_tasks=["niah_single_1", "niah_single_2"], niah_samples=3)
+    assert EvalSuite(niah_tasks=["niah_single_1"], niah_samples=4, niah_depths=4).niah_depths == pytest.approx([0, 1 / 3, 2 / 3, 1], abs=1e-6)
+
+
+def test_a_sample_regenerates_from_its_recorded_arguments(capsys):
+    from swax_lightning.evals.regenerate import main as regenerate
+
+    sample = ruler.NIAHGenerator(ByteTokenizer(), seed=2).sample("niah_single_2", 2048, 0.25, 3)
+    regenerate(["--tokenizer", "byte", "--seed", "2", "niah", "niah_single_2", "2048", "0.25", "3"])
+    assert capsys.readouterr().out == sample.input_text + "\n"
+    with pytest.raises(SystemExit):
+        regenerate(["niah", "niah_single_2", "2048", "3"])  # a NIAH sample needs its depth
+
+
+def test_suite_rejects_bad_settings(tmp_path):
+    with pytest.raises(ValueError, match="niah_tasks"):
+        EvalSuite(niah_tasks=["niah_single_7"])
+    with pytest.raises(ValueError, match="babilong_tasks"):
+        EvalSuite(babilong_tasks=["qa6"])
+    with pytest.raises(ValueError, match="niah_depths"):
+        EvalSuite(niah_tasks=["niah_single_1"], niah_depths=[0.5, 1.5])
+    with pytest.raises(FileNotFoundError, match="essay.txt"):
+        EvalSuite(niah_tasks=["niah_single_2"], essay_file=str(tmp_path / "essay.txt"))
+    with pytest.raises(FileNotFoundError, match="babi"):
+        EvalSuite(babilong_tasks=["qa1"], babilong_data_dir=str(tmp_path / "babi"))
+
+
+def test_official_babilong_files_through_the_suite(tmp_path):
+    """The suite reads the official layout, names the splits and the source, and points each sample at its row."""
+    import torch
+
+    from swax_lightning.config import ModelConfig
+    from swax_lightning.model import SWAXModel
+
+    (tmp_path / "qa1").mkdir()
+    rows = [{"input": "Mary went to the office.", "question": "Where is Mary?", "target": "office"}] * 2
+    (tmp_path / "qa1" / "4k.json").write_text(json.dumps(rows))
+    suite = EvalSuite(babilong_tasks=["qa1"], babilong_lengths=[4096], babilong_samples=1,
+                      babilong_data_dir=str(tmp_path))
+    torch.manual_seed(0)
+    model = SWAXModel(ModelConfig(d_model=32, n_layers=2, n_heads=2, mlstm_heads=2, window=8)).eval()
+    samples = []
+    result = suite._run_babilong(model, ByteTokenizer(), samples)
+    assert result["source"] == f"official BABILong files in {tmp_path}" and "GPT-2" in result["length_unit"]
+    assert result["scores"]["qa1"]["4k"]["n"] == 1
+    assert samples[0]["source"] == "qa1/4k.json row 0" and samples[0]["target"] == "office"
+    assert samples[0]["question"] == "Where is Mary?" and samples[0]["tokens"] > 0

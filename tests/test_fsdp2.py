@@ -1,0 +1,129 @@
+"""FSDP2 building blocks on 2 CPU processes (gloo), against the unsharded model in one process.
+
+- A model built sharded (on the meta device, materialised block by block) starts from exactly the weights of the
+  1-process build with the same seed.
+- Gradient clipping under sharding uses the global norm, and clips the gradients as the unsharded model's.
+- Mixed precision as torchtitan sets it (bf16-mixed): the blocks compute with bf16 parameters, the sharded gradients
+  and master weights stay fp32, and loss and gradients match the fp32 model within bf16 tolerance.
+- The mesh: full sharding over every rank for any N nodes x M devices, HSDP groups inside nodes; sizes that do not fit
+  the world are one error naming the fields; Lightning's ModelParallelStrategy with a tensor-parallel dimension (its
+  default on one node) is refused instead of training one replica per rank.
+"""
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from swax_lightning.config import ModelConfig
+from swax_lightning.parallel import build_local, build_sharded, fsdp_mesh, mixed_precision_policy
+from swax_lightning.strategy import FSDP2Strategy, mesh_shape
+
+CFG = ModelConfig(vocab_size=40, d_model=32, n_layers=4, n_heads=2, mlstm_heads=2, chunk_size=8, window=4,
+                  pattern="SX")
+SEED = 11
+
+
+def _loss(model, idx):
+    return torch.nn.functional.cross_entropy(model(idx[:, :-1]).flatten(0, 1), idx[:, 1:].flatten())
+
+
+def _full(tensor):
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def _worker(rank, port, idx, out):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    os.environ |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    mesh = init_device_mesh("cpu", (2,))
+    cpu = torch.device("cpu")
+    result = {}
+
+    model = build_sharded(CFG, mesh, cpu, SEED)
+    result["init"] = {n: _full(p).detach().clone() for n, p in model.named_parameters()}
+    _loss(model, idx).backward()  # the same batch on both ranks: the gradients are the unsharded model's
+    result["norm"] = _full(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.01))
+    result["clipped"] = {n: _full(p.grad) for n, p in model.named_parameters()}
+
+    bf16 = build_sharded(CFG, mesh, cpu, SEED, mp_policy=mixed_precision_policy("bf16-mixed"))
+    seen = []
+    bf16.blocks[1].register_forward_pre_hook(lambda m, args: seen.append(m.ffn_norm.weight.dtype))
+    loss = _loss(bf16, idx)
+    loss.backward()
+    result["bf16"] = {"loss": loss.detach().float(), "compute_dtypes": seen,
+                      "grad_dtypes": {p.grad.dtype for p in bf16.parameters()},
+                      "param_dtypes": {p.dtype for p in bf16.parameters()},
+                      "grads": {n: _full(p.grad).float() for n, p in bf16.named_parameters()}}
+    if rank == 0:
+        torch.save(result, out)
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    idx = torch.randint(0, 40, (2, 20), generator=torch.Generator().manual_seed(1))
+    out = tmp_path_factory.mktemp("fsdp2") / "result.pt"
+    mp.start_processes(_worker, args=(29517, idx, str(out)), nprocs=2, start_method="spawn")
+    return idx, torch.load(out, weights_only=False)
+
+
+def test_sharded_build_starts_from_the_one_process_weights(sharded):
+    _, got = sharded
+    local = build_local(CFG, SEED)
+    for name, p in local.named_parameters():
+        assert torch.equal(got["init"][name], p.detach()), name
+
+
+def test_gradient_clipping_uses_the_global_norm(sharded):
+    idx, got = sharded
+    local = build_local(CFG, SEED)
+    _loss(local, idx).backward()
+    norm = torch.nn.utils.clip_grad_norm_(local.parameters(), max_norm=0.01)
+    assert norm > 0.01  # clipping really happened
+    torch.testing.assert_close(got["norm"], norm, rtol=1e-5, atol=1e-6)
+    for name, p in local.named_parameters():
+        torch.testing.assert_close(got["clipped"][name], p.grad, rtol=1e-4, atol=1e-7)
+
+
+def test_bf16_mixed_precision_computes_in_bf16_and_keeps_fp32_masters(sharded):
+    idx, got = sharded
+    bf16 = got["bf16"]
+    assert bf16["compute_dtypes"] == [torch.bfloat16]  # the all-gathered parameters a block computes with
+    assert bf16["param_dtypes"] == {torch.float32} and bf16["grad_dtypes"] == {torch.float32}
+    local = build_local(CFG, SEED)
+    loss = _loss(local, idx)
+    loss.backward()
+    assert abs(float(bf16["loss"]) - loss.item()) < 2e-2 * loss.item()
+    for name, p in local.named_parameters():
+        scale = p.grad.abs().max()
+        assert (bf16["grads"][name] - p.grad).abs().max() <= 0.05 * scale + 1e-6, name
+
+
+@pytest.mark.parametrize("nodes,devices,sharding,shape", [
+    (1, 1, "full", (1,)), (1, 2, "full", (2,)), (1, 4, "full", (4,)), (8, 8, "full", (64,)),
+    (2, 2, "hybrid", (2, 2)), (8, 8, "hybrid", (8, 8))])
+def test_mesh_covers_every_rank(nodes, devices, sharding, shape):
+    assert mesh_shape(sharding, nodes, devices) == shape
+
+
+def test_bad_mesh_sizes_name_the_fields():
+    with pytest.raises(ValueError, match=r"shard_size \(3\) must divide the world size: num_nodes \(1\) x devices"):
+        mesh_shape("hybrid", 1, 2, shard_size=3)
+    with pytest.raises(ValueError, match="sharding must be 'full' or 'hybrid'"):
+        FSDP2Strategy(sharding="tensor")
+
+
+class _LightningDefaultMesh:  # ModelParallelStrategy's default on 1 node x 2 devices: DP 1 x TP 2
+    mesh_dim_names = ("data_parallel", "tensor_parallel")
+
+    def __getitem__(self, name):
+        return SimpleNamespace(size=lambda: {"data_parallel": 1, "tensor_parallel": 2}[name])
+
+
+def test_model_parallel_strategy_with_a_tensor_parallel_dimension_is_refused():
+    with pytest.raises(ValueError, match=r"tensor_parallel_size \(2\).*--trainer.strategy fsdp2"):
+        fsdp_mesh(SimpleNamespace(device_mesh=_LightningDefaultMesh()))

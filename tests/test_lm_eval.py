@@ -1,0 +1,224 @@
+"""lm-evaluation-harness: `lm_eval --model swax` from the harness's own command line on a local task; the adapter
+in-process on local, offline task files; metrics keyed by filter; log-likelihoods against the model computed
+directly, batched equal to one at a time, the harness's edge cases; stop strings that end generation early;
+do_sample and temperature honoured."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from swax_lightning.config import ModelConfig
+from swax_lightning.model import SWAXModel
+from swax_lightning.tokenizer import ByteTokenizer
+
+pytest.importorskip("lm_eval")
+from swax_lightning.evals.lm_eval_adapter import SwaxLM, run_lm_eval  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TOK = ByteTokenizer()
+MC_TASK = """task: swax_tiny_mc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+output_type: multiple_choice
+test_split: test
+doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+doc_to_target: "{{{{label}}}}"
+doc_to_choice: "{{{{choices}}}}"
+metric_list:
+  - metric: acc
+  - metric: acc_norm
+"""
+GEN_TASK = """task: swax_tiny_code
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+output_type: generate_until
+test_split: test
+doc_to_text: "{{{{text}}}}\\n[BEGIN]\\n"
+doc_to_target: "{{{{tests}}}}"
+target_delimiter: ""
+metric_list:
+  - metric: !function utils.pass_at_1
+    aggregation: mean
+    higher_is_better: true
+generation_kwargs:
+  until: ["[DONE]"]
+  max_gen_toks: 8
+"""
+TWO_FILTERS_TASK = """task: swax_tiny_filters
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+output_type: generate_until
+test_split: test
+doc_to_text: "{{{{text}}}}"
+doc_to_target: "{{{{text}}}}"
+generation_kwargs:
+  until: ["\\n"]
+  max_gen_toks: 4
+metric_list:
+  - metric: exact_match
+filter_list:
+  - name: raw
+    filter:
+      - function: take_first
+  - name: first_word
+    filter:
+      - function: regex
+        regex_pattern: "(\\\\w+)"
+      - function: take_first
+"""
+PPL_TASK = """task: swax_tiny_ppl
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+output_type: loglikelihood_rolling
+test_split: test
+doc_to_text: ""
+doc_to_target: "{{{{text}}}}"
+metric_list:
+  - metric: word_perplexity
+  - metric: bits_per_byte
+"""
+
+
+def tiny_model() -> SWAXModel:
+    torch.manual_seed(0)
+    return SWAXModel(ModelConfig(d_model=32, n_layers=2, n_heads=2, mlstm_heads=2, window=8)).eval()
+
+
+def write_tasks(folder: Path) -> Path:
+    tasks = folder / "tasks"
+    tasks.mkdir()
+    rows = {"mc": [{"question": f"{i} plus one is", "choices": [f" {i + 1}", f" {i + 2}"], "label": 0}
+                   for i in range(4)],
+            "code": [{"text": "Write add(a, b).", "tests": "assert add(1, 2) == 3"}] * 2,
+            "filters": [{"text": "hello world"}] * 2,
+            "ppl": [{"text": "The grass is green. The sky is blue."}] * 2}
+    for name, data in rows.items():
+        (folder / f"{name}.jsonl").write_text("\n".join(json.dumps(r) for r in data))
+    for name, template in (("mc", MC_TASK), ("code", GEN_TASK), ("filters", TWO_FILTERS_TASK), ("ppl", PPL_TASK)):
+        (tasks / f"{name}.yaml").write_text(template.format(data=folder / f"{name}.jsonl"))
+    (tasks / "utils.py").write_text("from swax_lightning.evals.code_exec import pass_at_1  # noqa: F401\n")
+    return tasks
+
+
+@pytest.mark.slow
+def test_lm_eval_command_line_runs_the_swax_model(tmp_path):
+    """`lm_eval --model swax --model_args ckpt_path=...` from the shell, with the plugin folder on PYTHONPATH."""
+    from swax_lightning.module import LanguageModule
+
+    module = LanguageModule(arch=ModelConfig(d_model=32, n_layers=2, n_heads=2, mlstm_heads=2, window=8))
+    module.configure_model()
+    ckpt = tmp_path / "tiny.ckpt"
+    torch.save({"hyper_parameters": dict(module.hparams), "state_dict": module.state_dict(),
+                "datamodule_hyper_parameters": {"tokenizer": "byte"}}, ckpt)
+    tasks = write_tasks(tmp_path)
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HF_HOME": str(tmp_path / "hf"),
+           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "PYTHONPATH": f"{ROOT}:{ROOT / 'swax_lightning/evals/lm_eval_plugin'}"}
+    out = subprocess.run(["lm_eval", "--model", "swax", "--model_args", f"ckpt_path={ckpt},chunk_len=16",
+                          "--tasks", "swax_tiny_mc,swax_tiny_filters", "--include_path", str(tasks),
+                          "--batch_size", "2", "--output_path", str(tmp_path / "out")],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())["results"]
+    assert 0.0 <= results["swax_tiny_mc"]["acc,none"] <= 1.0
+    assert {"exact_match,raw", "exact_match,first_word"} <= set(results["swax_tiny_filters"])
+
+
+def test_lm_eval_in_process(tmp_path, monkeypatch):
+    """What `main.py test` runs: generation scored by the contained executor, rolling log-likelihood."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache: nothing can come from the hub
+    tasks = write_tasks(tmp_path)
+    model = tiny_model()
+    results = run_lm_eval(model, TOK, ["swax_tiny_code", "swax_tiny_ppl"], str(tasks))
+    assert results["swax_tiny_code"]["pass_at_1,none"] == 0.0  # a random model writes no working add()
+    assert results["swax_tiny_ppl"]["bits_per_byte,none"] > 0
+
+
+@pytest.mark.slow
+def test_an_unknown_task_is_named(tmp_path):  # slow: it indexes the harness's 14,000 task files
+    with pytest.raises(ValueError, match="no_such_task"):
+        run_lm_eval(tiny_model(), TOK, ["no_such_task"], str(write_tasks(tmp_path)))
+
+
+def request(*args):
+    return SimpleNamespace(args=args)
+
+
+def test_loglikelihood_matches_the_model_and_the_harness_edge_cases():
+    model = tiny_model()
+    lm = SwaxLM(model, TOK, chunk_len=2)  # the 3 input tokens in 2 chunks, the state carried between them
+    (total, greedy), = lm.loglikelihood([request("ab", "cd")], disable_tqdm=True)
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(torch.tensor([TOK.encode("abcd")]))[0, :-1].float(), -1)
+    assert total == pytest.approx(float(logprobs[1, ord("c")] + logprobs[2, ord("d")]), abs=1e-4)
+    assert greedy == bool(logprobs[1].argmax() == ord("c") and logprobs[2].argmax() == ord("d"))
+    # the harness's rules: an empty continuation scores (0, True); trailing spaces move to the continuation
+    assert lm.loglikelihood([request("abc", "")], disable_tqdm=True) == [(0.0, True)]
+    spaced, moved = lm.loglikelihood([request("ab ", "cd"), request("ab", " cd")], disable_tqdm=True)
+    assert spaced == pytest.approx(moved)
+    # an empty document has log-likelihood 0; a document scores as the tokens after end-of-text
+    empty, doc = lm.loglikelihood_rolling([request(""), request("xy")], disable_tqdm=True)
+    assert empty == 0.0 and doc == pytest.approx(lm.loglikelihood([request("", "xy")], disable_tqdm=True)[0][0])
+
+
+def test_batched_equals_one_at_a_time():
+    model = tiny_model()
+    requests = [request("The grass is green", " and the sky"), request("a", "b"), request("Here we go", " again."),
+                request("x" * 40, "yz"), request("", "start")]
+    one = SwaxLM(model, TOK, chunk_len=8, batch_size=1).loglikelihood(requests, disable_tqdm=True)
+    many = SwaxLM(model, TOK, chunk_len=8, batch_size="3").loglikelihood(requests, disable_tqdm=True)
+    for (a, ga), (b, gb) in zip(one, many):
+        assert a == pytest.approx(b, abs=1e-4) and ga == gb
+    gen = [request(c, {"until": ["\n"], "max_gen_toks": 6}) for c in ("ab", "The grass", "xyz" * 5)]
+    assert SwaxLM(model, TOK, batch_size=1).generate_until(gen, disable_tqdm=True) == \
+        SwaxLM(model, TOK, batch_size=3).generate_until(gen, disable_tqdm=True)
+
+
+def test_stop_strings_end_generation_early(monkeypatch):
+    model = tiny_model()
+    lm = SwaxLM(model, TOK, chunk_len=64)
+    context = "Once upon a time"
+    full, = lm.generate_until([request(context, {"until": [], "max_gen_toks": 40})], disable_tqdm=True)
+    assert len(full) >= 10, full
+    stop = full[4:6]
+    steps = []
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda *a, **k: steps.append(1) or forward(*a, **k))
+    cut, = lm.generate_until([request(context, {"until": [stop], "max_gen_toks": 40})], disable_tqdm=True)
+    assert cut == full[:full.index(stop)]
+    assert len(steps) <= 1 + 8  # one prefill chunk, then a few steps past the stop: not the 40 tokens of budget
+
+
+def test_do_sample_and_temperature_are_honoured():
+    model = tiny_model()
+    greedy = {"until": [], "max_gen_toks": 12}
+    base, = SwaxLM(model, TOK).generate_until([request("ab", greedy)], disable_tqdm=True)
+    # as in the harness's HF model: a temperature without do_sample stays greedy
+    assert SwaxLM(model, TOK).generate_until([request("ab", {**greedy, "temperature": 0.7})],
+                                             disable_tqdm=True) == [base]
+    sampled = [request("ab", {**greedy, "do_sample": True, "temperature": 2.0})] * 4
+    outputs = SwaxLM(model, TOK).generate_until(sampled, disable_tqdm=True)
+    assert outputs != [base] * 4 and len(set(outputs)) > 1  # sampled, and each request its own draw
+    assert SwaxLM(model, TOK).generate_until(sampled, disable_tqdm=True) == outputs  # reproducible
+
+
+def test_model_arguments_are_checked(tmp_path):
+    with pytest.raises(ValueError, match="ckpt_path"):
+        SwaxLM()
+    with pytest.raises(FileNotFoundError, match="missing.ckpt"):
+        SwaxLM(ckpt_path=str(tmp_path / "missing.ckpt"))
+    with pytest.raises(ValueError, match="batch_size"):
+        SwaxLM(tiny_model(), TOK, batch_size=0)
+    assert SwaxLM(tiny_model(), TOK, batch_size="auto").batch == 8
