@@ -5,15 +5,18 @@
     python main.py fit  --config configs/tiny.yaml --print_config
 
 Every field of a YAML file is a documented argument of LanguageModule (model:), TextDataModule (data:), the
-StochasticWindow callback (window:) or Lightning's Trainer (trainer:).
+StochasticWindow callback (window:), the EvalSuite callback (eval:) or Lightning's Trainer (trainer:). A configuration
+error prints one line `error: ...` and exits with code 2.
 """
 from swax_lightning.cli import SwaxCLI
 from swax_lightning.data import TextDataModule
 from swax_lightning.module import LanguageModule
 
 
-def main() -> None:
-    SwaxCLI(LanguageModule, TextDataModule, seed_everything_default=0, save_config_kwargs={"overwrite": True})
+def main(args: list[str] | None = None) -> None:
+    """Runs the command line `args` (default: sys.argv[1:])."""
+    SwaxCLI(LanguageModule, TextDataModule, seed_everything_default=0, save_config_kwargs={"overwrite": True},
+            args=args)
 
 
 if __name__ == "__main__":

@@ -1,86 +1,249 @@
-"""SwaxCLI: LightningCLI with the window schedule and run naming that every swax-lightning run shares.
+"""SwaxCLI: LightningCLI with the window schedule, run naming, start-up checks and one-line configuration errors that
+every swax-lightning run shares.
 
 - `window:` (a YAML section) configures the StochasticWindow callback, always installed: a fixed window, the
   paper's stochastic mix, or empty for the model's own window.
 - `eval:` configures the EvalSuite callback (swax_lightning/evals/suite.py), always installed: the evaluations that
   `main.py test` runs after its test loop (none when empty).
-- `experiment:` and `arm:` name the run: a TensorBoardLogger then writes to runs/<experiment>/<arm>/ (its save_dir,
-  then name = experiment, version = arm), so `tensorboard --logdir runs` lines the arms of a study up side by side,
-  and a rerun or resume of an arm continues in the same folder.
-- `extends: other.yaml` at the top of a config file puts that file's settings first, then this file's on top (deep
-  merge, as with several --config): an arm differing from another in one field is a three-line file.
-- After `fit`, the run's settings (model, data, window schedule) and its final validation metrics are written as one
-  TensorBoard HPARAMS entry (hp/val_loss, hp/val_bpb), so the HPARAMS tab compares arms by their settings. Set the
-  logger's default_hp_metric to false to keep Lightning's placeholder hp_metric out of it.
+- `experiment:` and `arm:` name the run: its logs and checkpoints go to <save_dir>/<experiment>/<arm>/ with a
+  TensorBoardLogger or CSVLogger (name = experiment, version = arm) and with a WandbLogger (project = experiment,
+  run name and id = arm; W&B keeps its own files in <save_dir>/wandb/). A rerun or resume of an arm continues in the
+  same folder, and `tensorboard --logdir runs` lines the arms of a study up side by side. `--print_config` prints
+  the run folder as its first line (a YAML comment) and the logger settings that make it.
+- `extends: other.yaml` at the top of a config file (given with `--config` or `-c`) puts that file's settings first,
+  then this file's on top (deep merge, as with several --config): an arm differing from another in one field is a
+  three-line file.
+- The configuration is the truth. LightningCLI parses a checkpoint's hyperparameters over it when `--ckpt_path` is
+  given, so a checkpoint's model settings silently won over the file and the command line; here that step is
+  replaced by a check: a checkpoint trained with another architecture is refused before anything runs, with the
+  differing fields named (every `model.arch` field must match; evaluate at another window with
+  `window.eval_window` or `eval.window`). `validate`, `test` and `predict` without `--ckpt_path` would evaluate
+  random weights and are refused unless `--allow_random_weights true` is given.
+- LightningCLI's `--optimizer` / `--lr_scheduler` groups are switched off: the optimizer and schedule are
+  `model.optim` (LanguageModule.configure_optimizers), which those groups would silently bypass or break.
+- Configuration errors are one line, `error: <message>`, on stderr with exit code 2 (argparse's convention), and no
+  traceback: a value the parser rejects, a ConfigError from a config dataclass (it names the field), a ValueError or
+  FileNotFoundError raised while the classes are built from the configuration (their constructors validate their
+  arguments), Lightning's MisconfigurationException, and a missing or unreadable config or checkpoint file. Any
+  other exception is a bug and keeps its traceback; SWAX_DEBUG=1 shows the traceback of configuration errors too.
+- After `fit`, the run's settings (model, data, window schedule) go to every logger's hyperparameters; TensorBoard
+  gets them as one HPARAMS entry with the final validation metrics (hp/val_loss, hp/val_bpb), so the HPARAMS tab
+  compares arms by their settings. Set the logger's default_hp_metric to false to keep Lightning's placeholder
+  hp_metric out of it.
 """
 from __future__ import annotations
 
+import os
+import re
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
+import torch
 import yaml
+from jsonargparse import ArgumentError
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_warn
 
 from swax_lightning import strategy  # noqa: F401  (registers --trainer.strategy fsdp2 and hsdp)
 from swax_lightning.checkpoints import refuse_unloadable_checkpoint
+from swax_lightning.config import ConfigError, ModelConfig
 from swax_lightning.evals.suite import EvalSuite
+from swax_lightning.module import check_architecture
 from swax_lightning.window import StochasticWindow
+
+USAGE_ERRORS = (ConfigError, ArgumentError, MisconfigurationException)
+# Logger class: (init arg set to the experiment, init args set to the arm). Each puts its checkpoints (and, but for
+# W&B, its logs) in <save_dir>/<experiment>/<arm>/.
+RUN_NAMING = {"TensorBoardLogger": ("name", ("version",)), "CSVLogger": ("name", ("version",)),
+              "WandbLogger": ("project", ("name", "version"))}
+# --ckpt_path values that Lightning resolves itself (no file of that name).
+CKPT_KEYWORDS = ("last", "best", "hpc")
+PRINT_CONFIG = "--print_config"
+CONFIG_FLAGS = ("--config", "-c")
+ORIGIN_MARK = "# settings of "  # first line of the YAML string an extending file becomes: errors can name the file
+# Classes whose validation errors name their fields as `Class.field`, and the config section each one is.
+SECTION_OF = {"ModelConfig": "model.arch", "OptimConfig": "model.optim", "GenerationConfig": "model.generation",
+              "TextDataModule": "data", "StochasticWindow": "window", "EvalSuite": "eval"}
+KEY_IN_MESSAGE = re.compile(r'Parser key "([\w.]+)"|option \'([\w.]+)\'|\b(' + "|".join(SECTION_OF) + r')\.(\w+)')
+PRINT_CONFIG_FLAGS = {"skip_default": "skip_default", "skip_unset": "skip_unset", "skip_null": "skip_unset",
+                      "comments": "with_comments"}  # jsonargparse's flags: the dump() argument each one sets
+
+
+@contextmanager
+def usage_errors_reported(*also: type[Exception]):
+    """Turns a configuration error (USAGE_ERRORS, plus `also`) into one line `error: ...` on stderr and exit code 2;
+    every other exception keeps its traceback."""
+    try:
+        yield
+    except (*USAGE_ERRORS, *also) as err:
+        if os.environ.get("SWAX_DEBUG"):
+            raise
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 class SwaxCLI(LightningCLI):
+    """LightningCLI with the additions and checks of the module docstring; takes LightningCLI's arguments."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("auto_configure_optimizers", False)
+        kwargs["parser_kwargs"] = _raising_parsers(kwargs.get("parser_kwargs") or {}, self.subcommands())
+        self._argv: list[str] = []
+        with usage_errors_reported():
+            try:
+                super().__init__(*args, **kwargs)
+            except USAGE_ERRORS as err:
+                raise ConfigError(with_source(str(err), self._argv)) from err
+
     def parse_arguments(self, parser, args) -> None:
-        if args is None:
-            self.config = parser.parse_args(expand_extends(sys.argv[1:]))
-        else:
-            super().parse_arguments(parser, expand_extends(args) if isinstance(args, list) else args)
+        if args is not None and not isinstance(args, list):  # a dict or Namespace: no files to expand
+            super().parse_arguments(parser, args)
+            return
+        self._argv, print_flags = _without_print_config(expand_extends(sys.argv[1:] if args is None else args))
+        self.config = parser.parse_args(self._argv)
+        run_dir = name_run(self.config[self.config.subcommand] if self.config.get("subcommand") else self.config)
+        if print_flags is not None:
+            self._print_config(parser, run_dir, print_flags)
+
+    def _print_config(self, parser, run_dir: Path | None, flags: str) -> None:
+        """jsonargparse's --print_config, after the run naming and validation, headed by the run folder."""
+        subcommand = self.config.get("subcommand")
+        subparser = self._subcommand_parsers[subcommand] if subcommand else parser
+        unknown = [flag for flag in flags.split(",") if flag and flag not in PRINT_CONFIG_FLAGS]
+        if unknown:
+            raise ConfigError(f"{PRINT_CONFIG}: unknown flag {unknown[0]!r} (known: {', '.join(PRINT_CONFIG_FLAGS)})")
+        kwargs = {"skip_unset": False} | {PRINT_CONFIG_FLAGS[flag]: True for flag in flags.split(",") if flag}
+        dump = subparser.dump(self.config[subcommand] if subcommand else self.config, **kwargs)
+        where = f"# run folder: {run_dir}" if run_dir else "# run folder: chosen by the logger (no experiment: set)"
+        sys.stdout.write(f"{where}\n{dump}")
+        raise SystemExit(0)
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_lightning_class_args(StochasticWindow, "window")
         parser.add_lightning_class_args(EvalSuite, "eval")
         parser.add_argument("--experiment", type=str | None, default=None,
-                            help="Study name: TensorBoard runs go to <save_dir>/<experiment>/<arm>/")
+                            help="Study name: the run goes to <save_dir>/<experiment>/<arm>/")
         parser.add_argument("--arm", type=str | None, default=None,
                             help="Arm of the study (e.g. w128, stochastic_p0.5): the run's folder name")
+        parser.add_argument("--allow_random_weights", type=bool, default=False,
+                            help="Let validate, test and predict run without --ckpt_path (random initial weights)")
 
-    def before_instantiate_classes(self) -> None:
-        cfg = self.config[self.subcommand] if self.subcommand else self.config
-        logger = cfg.trainer.get("logger")
-        if cfg.get("experiment") and getattr(logger, "class_path", "").endswith("TensorBoardLogger"):
-            logger.init_args.name = cfg.experiment
-            logger.init_args.version = cfg.arm or "default"
+    def _parse_ckpt_path(self) -> None:
+        """Replaces LightningCLI's merge of the checkpoint's hyperparameters into the configuration (see the module
+        docstring) by the start-up checks of the checkpoint."""
+        subcommand = self.config.get("subcommand")
+        if subcommand:
+            check_checkpoint(self.config[subcommand], subcommand)
 
-    def _run_subcommand(self, subcommand: str) -> None:
-        refuse_unloadable_checkpoint(self.config_init[subcommand].get("ckpt_path"), self.trainer.strategy)
-        super()._run_subcommand(subcommand)
+    def instantiate_classes(self) -> None:
+        """The constructors validate their arguments: what they reject is a configuration error; so is a distributed
+        checkpoint given to a strategy that cannot load it."""
+        try:
+            super().instantiate_classes()
+            if self.subcommand:
+                refuse_unloadable_checkpoint(self.config[self.subcommand].get("ckpt_path"), self.trainer.strategy)
+        except (ValueError, FileNotFoundError) as err:
+            if isinstance(err, ConfigError):
+                raise
+            raise ConfigError(str(err)) from err
 
     def after_fit(self) -> None:
-        logger = self.trainer.logger
-        if logger is None:
-            return
-        cfg = _without_paths(self.config[self.subcommand].as_dict())
+        cfg = without_paths(self.config[self.subcommand].as_dict())
         params = {key: cfg.get(key) for key in ("experiment", "arm", "seed_everything", "model", "data", "window")}
         params["trainer"] = {k: cfg["trainer"].get(k) for k in ("max_steps", "precision", "accumulate_grad_batches")}
         found = self.trainer.callback_metrics
         metrics = {f"hp/{name.replace('val/', 'val_')}": float(found[name]) for name in ("val/loss", "val/bpb")
                    if name in found}
-        logger.log_hyperparams(params, metrics=metrics or None)
-        logger.finalize("success")  # the Trainer already closed the writer; flush the one this call reopened
+        for logger in self.trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):  # the only one taking metrics beside its hyperparameters
+                logger.log_hyperparams(params, metrics=metrics or None)
+            else:
+                logger.log_hyperparams(params)
+            logger.finalize("success")  # the Trainer already closed the loggers; flush what this call reopened
 
 
-def _without_paths(cfg):
+def _raising_parsers(parser_kwargs: dict, subcommands) -> dict:
+    """parser_kwargs with exit_on_error off for the main parser and each subcommand's: a rejected value then raises
+    ArgumentError (reported in one line) instead of printing the subcommand's 60-line usage."""
+    out = {**parser_kwargs, "exit_on_error": False}
+    for name in subcommands:
+        out[name] = {**parser_kwargs.get(name, {}), "exit_on_error": False}
+    return out
+
+
+def _without_print_config(argv: list[str]) -> tuple[list[str], str | None]:
+    """argv without `--print_config[=flags]`, and the flags ("" for none; None when not asked)."""
+    flags = None
+    rest = []
+    for arg in argv:
+        if arg == PRINT_CONFIG or arg.startswith(PRINT_CONFIG + "="):
+            flags = arg.partition("=")[2]
+        else:
+            rest.append(arg)
+    return rest, flags
+
+
+def name_run(cfg) -> Path | None:
+    """Sets each configured logger's run naming from `experiment` and `arm` (RUN_NAMING) and returns the run folder,
+    <save_dir>/<experiment>/<arm>; None without an experiment or a logger that names its runs."""
+    if not cfg.get("experiment"):
+        return None
+    loggers = cfg.trainer.get("logger")
+    run_dirs = []
+    for logger in loggers if isinstance(loggers, list) else [loggers]:
+        class_name = getattr(logger, "class_path", "").rpartition(".")[2]
+        if class_name not in RUN_NAMING:
+            if class_name:
+                rank_zero_warn(f"experiment/arm do not name the runs of {class_name}: it chooses its own folder")
+            continue
+        experiment_arg, arm_args = RUN_NAMING[class_name]
+        setattr(logger.init_args, experiment_arg, cfg.experiment)
+        for arg in arm_args:
+            setattr(logger.init_args, arg, cfg.arm or "default")
+        run_dirs.append(Path(logger.init_args.get("save_dir") or ".") / cfg.experiment / (cfg.arm or "default"))
+    return run_dirs[0] if run_dirs else None
+
+
+def check_checkpoint(cfg, subcommand: str) -> None:
+    """Start-up checks of --ckpt_path: it exists, and a checkpoint file's architecture is the configured one; an
+    evaluation without a checkpoint needs --allow_random_weights."""
+    ckpt = cfg.get("ckpt_path")
+    if ckpt is None:
+        if subcommand != "fit" and not cfg.get("allow_random_weights"):
+            raise ConfigError(f"{subcommand} without --ckpt_path would evaluate random initial weights: give "
+                              f"--ckpt_path <checkpoint> (or --allow_random_weights true)")
+        return
+    path = Path(ckpt)
+    if path.is_file():
+        try:
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as err:  # truncated, or not a torch file
+            raise ConfigError(f"cannot read checkpoint {path}: {err}") from err
+        saved = checkpoint.get("hyper_parameters", {}).get("arch")
+        if saved is not None:
+            check_architecture(saved, ModelConfig(**without_paths(cfg.model.arch.as_dict())), source=str(path))
+    elif not path.exists() and ckpt not in CKPT_KEYWORDS and not ckpt.startswith("registry"):
+        raise ConfigError(f"--ckpt_path: no such checkpoint file or folder: {ckpt}")
+
+
+def without_paths(cfg):
     """The config as plain data, without jsonargparse's `__path__` entries (where nested files came from)."""
     if isinstance(cfg, dict):
-        return {k: _without_paths(v) for k, v in cfg.items() if k != "__path__"}
+        return {k: without_paths(v) for k, v in cfg.items() if k != "__path__"}
     return cfg
 
 
 def expand_extends(argv: list[str]) -> list[str]:
-    """Replace each `--config FILE` whose YAML starts with `extends: BASE` by `--config BASE --config <FILE's
-    other settings>`, recursively. Relative file names inside FILE stay relative to FILE's folder."""
+    """Replace each `--config FILE` (or `-c FILE`, `--config=FILE`) whose YAML starts with `extends: BASE` by
+    `--config BASE --config <FILE's other settings>`, recursively. Relative file names inside FILE stay relative to
+    FILE's folder."""
     out, i = [], 0
     while i < len(argv):
         arg = argv[i]
-        if arg == "--config" and i + 1 < len(argv):
+        if arg in CONFIG_FLAGS and i + 1 < len(argv):
             out += _config_args(argv[i + 1])
             i += 2
             continue
@@ -92,14 +255,58 @@ def expand_extends(argv: list[str]) -> list[str]:
 def _config_args(value: str) -> list[str]:
     path = Path(value)
     if not path.is_file():
-        return ["--config", value]  # a YAML string, or a missing file (jsonargparse reports it)
-    cfg = yaml.safe_load(path.read_text()) or {}
+        if value.endswith((".yaml", ".yml", ".json")) and ": " not in value and "\n" not in value:
+            raise ConfigError(f"config file not found: {value}")
+        return ["--config", value]  # a YAML string
+    try:
+        cfg = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from err
     if not isinstance(cfg, dict) or "extends" not in cfg:
         return ["--config", value]
     base = path.parent / cfg.pop("extends")
     if not base.is_file():
-        raise FileNotFoundError(f"{path}: extends a missing file {base}")
+        raise ConfigError(f"{path}: extends a missing file {base}")
     for key, val in cfg.items():  # section files named in FILE, made absolute
         if isinstance(val, str) and val.endswith((".yaml", ".yml")) and (path.parent / val).is_file():
             cfg[key] = str((path.parent / val).resolve())
-    return _config_args(str(base)) + ["--config", yaml.safe_dump(cfg)]
+    return _config_args(str(base)) + ["--config", f"{ORIGIN_MARK}{path}\n{yaml.safe_dump(cfg)}"]
+
+
+
+def with_source(message: str, argv: list[str]) -> str:
+    """The message of a configuration error, followed by where the field it names was set: the config file
+    (through `extends:` and section files) or the command line that set it last."""
+    found = KEY_IN_MESSAGE.search(message)
+    if not found:
+        return message
+    key = found[1] or found[2] or f"{SECTION_OF[found[3]]}.{found[4]}"
+    source = None
+    for i, arg in enumerate(argv):
+        if arg in CONFIG_FLAGS and i + 1 < len(argv):
+            source = _file_setting(argv[i + 1], key.split(".")) or source
+        elif arg == f"--{key}" or arg.startswith(f"--{key}="):
+            source = "on the command line"
+    return f"{message} [{key} set {source}]" if source else message
+
+
+def _file_setting(value: str, keys: list[str]) -> str | None:
+    """Where a --config value (a file, an extending file's YAML string, or a YAML string) sets the dotted key,
+    following section files (`model: base/model.yaml`); None when it does not set it."""
+    if value.startswith(ORIGIN_MARK):
+        origin, text = Path(value[len(ORIGIN_MARK):].partition("\n")[0]), value
+    elif Path(value).is_file():
+        origin, text = Path(value), Path(value).read_text()
+    else:
+        origin, text = None, value
+    tree = yaml.safe_load(text)
+    for key in keys:
+        if isinstance(tree, str) and tree.endswith((".yaml", ".yml")):  # a section file: the rest of the key is in it
+            origin = (origin.parent if origin else Path()) / tree
+            if not origin.is_file():
+                return None
+            tree = yaml.safe_load(origin.read_text())
+        if not isinstance(tree, dict) or key not in tree:
+            return None
+        tree = tree[key]
+    return f"in {origin}" if origin else "in a --config string"

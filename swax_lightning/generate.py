@@ -1,21 +1,29 @@
 """Generate text from a checkpoint with constant-memory streaming inference.
 
     python -m swax_lightning.generate --ckpt_path runs/tiny/w64/checkpoints/last.ckpt --prompt "def main(" \\
-        --max_new_tokens 200 --temperature 0.8 --top_p 0.95
+        --prompt "import " --max_new_tokens 200 --temperature 0.8 --top_p 0.95
     python -m swax_lightning.generate --ckpt_path last.ckpt --prompts_file prompts.txt   # one prompt per line
 
 The model config and the tokenizer come from the checkpoint (a single-file checkpoint; consolidate a distributed
 one first with `python -m lightning.pytorch.utilities.consolidate_checkpoint <folder>`). `--window` and `--n_sink`
 override the sliding-window layers' window and sink count at inference; with `--convert_full_attention` the
 full-attention layers become SWA(window, n_sink) too (paper 2's training-free SWA with sinks).
+
+`--prompt` may be repeated, and each value is taken exactly as typed: the command line pulls the prompts out before
+jsonargparse parses the rest (it would read `--prompt X` as a list to parse, and a prompt such as "[1, 2]" as YAML).
+Errors in what was asked (a missing file, a bad option) are one line `error: ...` with exit code 2
+(swax_lightning.cli.usage_errors_reported).
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
-from jsonargparse import CLI
+from jsonargparse import ArgumentParser
 
+from swax_lightning.cli import usage_errors_reported
+from swax_lightning.config import ConfigError
 from swax_lightning.inference import continue_texts, override_attention, read_prompts, show_continuation
 from swax_lightning.module import LanguageModule
 from swax_lightning.tokenizer import load_tokenizer
@@ -29,7 +37,7 @@ def load_model(ckpt_path: str | Path, device: str = "cpu"):
     try:
         checkpoint = torch.load(path, map_location=device, weights_only=False)
     except Exception as err:  # truncated or not a torch file
-        raise ValueError(f"cannot read checkpoint {path}: {err}") from err
+        raise ConfigError(f"cannot read checkpoint {path}: {err}") from err
     module = LanguageModule(**checkpoint.get("hyper_parameters", {}))
     module.on_load_checkpoint(checkpoint)
     module.load_state_dict(checkpoint["state_dict"])
@@ -61,15 +69,42 @@ def main(ckpt_path: str, prompt: list[str] | None = None, prompts_file: str | No
     """
     texts = read_prompts(prompt, prompts_file)
     if not texts:
-        raise ValueError("give --prompt TEXT or --prompts_file FILE")
+        raise ConfigError("give --prompt TEXT or --prompts_file FILE")
     model, tokenizer = load_model(ckpt_path, device)
     override_attention(model, window, n_sink, convert_full_attention)
     continuations = continue_texts(model, tokenizer, texts, max_new_tokens, temperature=temperature, top_k=top_k,
                                    top_p=top_p, chunk_len=chunk_len, seed=seed)
-    for text, cont in zip(texts, continuations):
+    for text, cont in zip(texts, continuations, strict=True):
         print(show_continuation(text, cont))
     return continuations
 
 
+PROMPT = "--prompt"
+
+
+def command_line(argv: list[str] | None = None) -> None:
+    """`python -m swax_lightning.generate ...`: main() with the command line's options."""
+    prompts, rest = _take_prompts(sys.argv[1:] if argv is None else argv)
+    parser = ArgumentParser(prog="python -m swax_lightning.generate", description=__doc__.split("\n")[0],
+                            exit_on_error=False)
+    parser.add_function_arguments(main, as_group=False)
+    with usage_errors_reported(FileNotFoundError):
+        options = parser.parse_args(rest).as_dict()
+        main(**options | {"prompt": prompts or options["prompt"]})
+
+
+def _take_prompts(argv: list[str]) -> tuple[list[str], list[str]]:
+    """The values of every `--prompt X` / `--prompt=X`, as typed, and the other arguments."""
+    prompts, rest, args = [], [], iter(argv)
+    for arg in args:
+        if arg == PROMPT:
+            prompts.append(next(args, ""))
+        elif arg.startswith(PROMPT + "="):
+            prompts.append(arg[len(PROMPT) + 1:])
+        else:
+            rest.append(arg)
+    return prompts, rest
+
+
 if __name__ == "__main__":
-    CLI(main, as_positional=False)
+    command_line()

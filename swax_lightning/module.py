@@ -9,12 +9,17 @@ Decisions:
 - AdamW with linear warmup then cosine decay to min_lr_ratio * lr at max_steps; decay only on matrices (>= 2-D),
   not on norms, biases or gate biases. Gradient clipping is the Trainer's `gradient_clip_val`.
 - Throughput (tokens/s) comes from Lightning's ThroughputMonitor (see throughput.py), not from this module.
+- The three config sections (arch, optim, generation) are typed as their dataclasses, not `X | None`: the command
+  line then lists every field (`main.py fit --help`) and a bad value raises the dataclass's ConfigError, which names
+  the field, instead of a union-matching report. Dicts are accepted too (checkpoint hyperparameters are dicts).
+- A checkpoint is loaded only into the architecture it was trained with: every ModelConfig field must match, or the
+  load is refused with the differing fields named (check_architecture). The window a model is evaluated at is a
+  run-time setting (window.eval_window, eval.window, generate --window), so no field needs to differ.
 """
 from __future__ import annotations
 
 import math
-import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import lightning as L
 from lightning.pytorch.strategies import ModelParallelStrategy
@@ -22,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.aggregation import MeanMetric
 
-from swax_lightning.config import ModelConfig
+from swax_lightning.config import ConfigError, ModelConfig
 from swax_lightning.inference import continue_texts, show_continuation
 from swax_lightning.model import SWAXModel
 from swax_lightning.parallel import build_local, build_sharded, fsdp_mesh, mixed_precision_policy
@@ -50,12 +55,9 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)
-        if self.lr <= 0:
-            raise ValueError(f"OptimConfig.lr must be > 0 (got {self.lr})")
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"OptimConfig.min_lr_ratio must be in [0, 1] (got {self.min_lr_ratio})")
-        if self.warmup_steps < 0:
-            raise ValueError(f"OptimConfig.warmup_steps must be >= 0 (got {self.warmup_steps})")
+        _require(self.lr > 0, "OptimConfig.lr", "must be > 0", self.lr)
+        _require(0 <= self.min_lr_ratio <= 1, "OptimConfig.min_lr_ratio", "must be in [0, 1]", self.min_lr_ratio)
+        _require(self.warmup_steps >= 0, "OptimConfig.warmup_steps", "must be >= 0", self.warmup_steps)
 
     def lr_factor(self, step: int, total_steps: int) -> float:
         """Multiplier of lr at an optimizer step: warmup, then cosine from 1 to min_lr_ratio."""
@@ -85,6 +87,41 @@ class GenerationConfig:
     chunk_len: int = 2048
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        _require(self.max_new_tokens >= 0, "GenerationConfig.max_new_tokens", "must be >= 0", self.max_new_tokens)
+        _require(self.temperature >= 0, "GenerationConfig.temperature", "must be >= 0 (0 = greedy)", self.temperature)
+        _require(self.top_k >= 0, "GenerationConfig.top_k", "must be >= 0 (0 = all)", self.top_k)
+        _require(0 < self.top_p <= 1, "GenerationConfig.top_p", "must be in (0, 1]", self.top_p)
+        _require(self.chunk_len >= 1, "GenerationConfig.chunk_len", "must be >= 1", self.chunk_len)
+
+
+def _require(ok: bool, field_name: str, rule: str, value) -> None:
+    if not ok:
+        raise ConfigError(f"{field_name} {rule} (got {value!r})")
+
+
+def _as_config(value, config_class):
+    """A config dataclass from a dict (checkpoint hyperparameters) or a validated copy of an instance (a default
+    instance is shared between calls, so it is never kept itself)."""
+    return config_class(**value) if isinstance(value, dict) else replace(value)
+
+
+def check_architecture(saved_arch: dict, configured: ModelConfig, source: str) -> None:
+    """Raises ConfigError naming every ModelConfig field where a checkpoint's architecture (its hyperparameters'
+    `arch`) differs from the configured one."""
+    saved, ours = asdict(ModelConfig(**saved_arch)), asdict(configured)
+    differences = [f"{name} (checkpoint {saved[name]!r}, configured {ours[name]!r})" for name in ours
+                   if saved[name] != ours[name]]
+    if differences:
+        raise ConfigError(f"{source} was trained with another architecture than configured: model.arch."
+                          + "; model.arch.".join(differences)
+                          + ". Use the run's own config (config.yaml beside its checkpoints); evaluate at another "
+                            "window with window.eval_window or eval.window")
+
+
+# The defaults of LanguageModule's config sections (copied on use by _as_config, never modified).
+DEFAULT_ARCH, DEFAULT_OPTIM, DEFAULT_GENERATION = ModelConfig(), OptimConfig(), GenerationConfig()
+
 
 class LanguageModule(L.LightningModule):
     """Next-token language modelling with a SWAX model.
@@ -97,17 +134,14 @@ class LanguageModule(L.LightningModule):
         generation: Decoding settings of `main.py predict` (GenerationConfig fields).
     """
 
-    def __init__(self, arch: ModelConfig | None = None, optim: OptimConfig | None = None,
+    def __init__(self, arch: ModelConfig = DEFAULT_ARCH, optim: OptimConfig = DEFAULT_OPTIM,
                  activation_checkpointing: bool = False, compile: bool = False,
-                 generation: GenerationConfig | None = None):
+                 generation: GenerationConfig = DEFAULT_GENERATION):
         super().__init__()
-        arch = ModelConfig(**arch) if isinstance(arch, dict) else (arch or ModelConfig())
-        optim = OptimConfig(**optim) if isinstance(optim, dict) else (optim or OptimConfig())
-        self.arch, self.optim = arch, optim
-        self.generation = GenerationConfig(**generation) if isinstance(generation, dict) else \
-            (generation or GenerationConfig())
+        self.arch, self.optim = _as_config(arch, ModelConfig), _as_config(optim, OptimConfig)
+        self.generation = _as_config(generation, GenerationConfig)
         self.activation_checkpointing, self.compile_blocks = activation_checkpointing, compile
-        self.save_hyperparameters({"arch": asdict(arch), "optim": asdict(optim),
+        self.save_hyperparameters({"arch": asdict(self.arch), "optim": asdict(self.optim),
                                    "activation_checkpointing": activation_checkpointing, "compile": compile})
         self.model: SWAXModel | None = None
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
@@ -129,21 +163,12 @@ class LanguageModule(L.LightningModule):
             self.model = build_local(self.arch, self._init_seed, **wrappers)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        """Refuses a checkpoint whose weights do not fit the configured model, naming the config fields that differ;
-        fields that change no weight shape (window, eps, ...) only warn."""
-        self.configure_model()  # load_from_checkpoint outside a Trainer never calls configure_model
+        """Refuses a checkpoint trained with another architecture (check_architecture), then builds the model to load
+        the weights into (load_from_checkpoint outside a Trainer never calls configure_model)."""
         saved = checkpoint.get("hyper_parameters", {}).get("arch")
-        saved = ModelConfig(**saved).__dict__ if saved is not None else {}
-        diff = {k: (v, getattr(self.arch, k)) for k, v in saved.items() if getattr(self.arch, k) != v}
-        ours = {k: v.shape for k, v in self.state_dict().items()}
-        theirs = {k: v.shape for k, v in checkpoint.get("state_dict", {}).items()}
-        if theirs and ours != theirs:
-            wrong = sorted(set(ours) ^ set(theirs)) or [k for k in ours if ours[k] != theirs[k]]
-            raise ValueError(f"the checkpoint does not fit the configured model (first differences: {wrong[:3]}); "
-                             f"differing config fields (checkpoint, configured): {diff}")
-        if diff:
-            warnings.warn(f"checkpoint config differs in fields that keep the weight shapes (checkpoint, "
-                          f"configured): {diff}", stacklevel=2)
+        if saved is not None:
+            check_architecture(saved, self.arch, source="the checkpoint")
+        self.configure_model()
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)

@@ -8,8 +8,8 @@ Decisions:
   change only the sliding layers.
 - RoPE at absolute positions (DESIGN.md section 2), so a query's relative view is the same at any offset.
 - GQA: n_kv_heads key/value heads shared by groups of query heads.
-- The attention itself is `kernels.sliding_window_attention`: the blocked O(T * W) PyTorch path on CPU, Triton on GPU
-  once it lands. The model never sees which.
+- The attention itself is `kernels.sliding_window_attention`: the blocked O(T * W) PyTorch path on CPU, the Triton
+  kernel on CUDA tensors (kernels/ chooses). The model never sees which.
 - Streaming inference passes a cache (cache.py) and the tokens' absolute positions; the cache then holds the keys
   and values the chunk needs, and nothing else changes.
 """

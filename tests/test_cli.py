@@ -1,10 +1,14 @@
-"""End to end through the command line: fit, then test from the checkpoint; --print_config; bad values named."""
+"""The command line end to end: fit, then test from the checkpoint; --print_config and run naming; configuration
+errors in one line naming the field and its file; checkpoint checks at start-up; the generate command as typed.
+Cheap checks run main.py in the test process (main.main(args)); the few that are about the process itself (exit
+code, what stderr shows) run it as a user does."""
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,21 +74,6 @@ def _assert_eval_reports(run):
     assert "eval/niah_heatmap" in events.Tags()["images"]
 
 
-def test_print_config(tmp_path):
-    out = _main("fit", "--config", str(ROOT / "configs/tiny.yaml"), "--print_config", cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "pattern: SX" in out.stdout and "window: 64" in out.stdout and "seq_len: 256" in out.stdout
-
-
-@pytest.mark.parametrize("arg,value,field", [("--model.arch.window", "0", "window"),
-                                             ("--model.arch.pattern", "SXZ", "pattern"),
-                                             ("--model.arch.n_heads", "5", "d_model")])
-def test_bad_config_value_is_named(tmp_path, arg, value, field):
-    out = _main("fit", *_overrides(tmp_path), arg, value, "--trainer.max_steps", "1", cwd=tmp_path)
-    assert out.returncode != 0
-    assert f"ModelConfig.{field}" in out.stderr, out.stderr[-3000:]
-
-
 def _assert_hparams_entry(runs):
     """The run's settings, window schedule included, and its final validation metrics are in the HPARAMS tab."""
     from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
@@ -111,3 +100,181 @@ def test_baseline_and_hybrid_configs_train(tmp_path, pattern):
     assert out.returncode == 0, out.stderr[-3000:]
     config = (tmp_path / f"runs/tiny/{pattern}/config.yaml").read_text()
     assert f"pattern: {pattern}" in config and "d_model: 128" in config  # the arm on top of tiny.yaml
+
+
+# ---- configuration errors: one line naming the field (and the file that set it), exit code 2 ----------------------
+def _in_process(capsys, *args) -> tuple[int, str, str]:
+    """main.py run in this process: (exit code, stdout, stderr)."""
+    from main import main
+
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as exit:
+        code = exit.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _one_error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, err[-3000:]
+    return lines[0]
+
+
+def test_bad_value_is_one_line_naming_the_field(tmp_path):
+    """As a user runs it: no traceback, one `error:` line, exit code 2 (it was a 71-line traceback)."""
+    out = _main("fit", *_overrides(tmp_path), "--model.arch.n_heads", "5", cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "ModelConfig.d_model must be divisible by n_heads=5" in _one_error_line(out.stderr)
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--model.arch.window", "0"], "ModelConfig.window must be >= 1 (got 0) [model.arch.window set on the command"),
+    (["--model.arch.pattern", "SXZ"], "ModelConfig.pattern"),
+    (["--model.optim.lr", "0"], "OptimConfig.lr must be > 0"),
+    (["--model.generation.top_p", "0"], "GenerationConfig.top_p"),
+    (["--data.batch_size", "0"], "TextDataModule.batch_size"),
+    (["--model.arch.window", "abc"], 'Parser key "model.arch.window"'),
+    (["--optimizer", "AdamW"], "unrecognized arguments: --optimizer"),  # LightningCLI's dead optimizer group
+    (["--config", "no_such.yaml"], "config file not found: no_such.yaml"),
+    (["--config", "data: {seq_len: 0}"], "TextDataModule.seq_len must be >= 1 (got 0) [data.seq_len set in a --config"),
+])
+def test_configuration_errors(tmp_path, capsys, args, expected):
+    code, _, err = _in_process(capsys, "fit", *_overrides(tmp_path), *args)
+    assert code == 2 and expected in _one_error_line(err)
+
+
+def test_error_names_the_file_of_an_extends_chain(tmp_path, capsys):
+    arm = tmp_path / "arm.yaml"
+    arm.write_text(f"extends: {ROOT / 'configs/tiny.yaml'}\narm: bad\nmodel:\n  arch:\n    window: 0\n")
+    code, _, err = _in_process(capsys, "fit", "-c", str(arm))
+    assert code == 2 and f"ModelConfig.window must be >= 1 (got 0) [model.arch.window set in {arm}]" in err
+    base_field = _one_error_line(_in_process(capsys, "fit", "-c", str(arm), "--model.arch.window", "8",
+                                             "--model.arch.n_heads", "5")[2])
+    assert f"[model.arch.d_model set in {ROOT / 'configs/base/tiny_model.yaml'}]" in base_field  # a section file
+    orphan = tmp_path / "orphan.yaml"
+    orphan.write_text("extends: gone.yaml\n")
+    code, _, err = _in_process(capsys, "fit", "--config", str(orphan))
+    assert code == 2 and f"{orphan}: extends a missing file {tmp_path / 'gone.yaml'}" in _one_error_line(err)
+
+
+def test_short_config_flag_expands_extends(capsys):
+    code, out, err = _in_process(capsys, "fit", "-c", str(ROOT / "configs/tiny_SD.yaml"), "--print_config")
+    assert code == 0, err
+    printed = yaml.safe_load(out)
+    assert printed["model"]["arch"]["pattern"] == "SD" and printed["model"]["arch"]["d_model"] == 128
+
+
+def test_help_lists_nested_fields_and_no_optimizer_group(capsys):
+    code, out, _ = _in_process(capsys, "fit", "--help")
+    assert code == 0
+    for option in ("--model.arch.n_heads", "--model.arch.logit_soft_cap", "--model.optim.lr",
+                   "--model.generation.top_p", "--allow_random_weights"):
+        assert option in out
+    assert "--optimizer" not in out and "--lr_scheduler" not in out
+
+
+def test_other_exceptions_keep_their_traceback(tmp_path, capsys, monkeypatch):
+    """Only configuration errors become one line: a failure inside the run is raised as it is."""
+    from swax_lightning.data import TextDataModule
+
+    def broken(self):
+        raise ValueError("a bug, not a configuration error")
+
+    monkeypatch.setattr(TextDataModule, "prepare_data", broken)
+    with pytest.raises(ValueError, match="a bug"):
+        _in_process(capsys, "fit", *_overrides(tmp_path), "--trainer.max_steps", "1")
+
+
+# ---- checkpoints: the configuration is the truth; evaluation needs trained weights ----------------------------
+NO_EVALS = ["--eval.niah_tasks", "[]", "--eval.babilong_tasks", "[]", "--eval.perplexity_len", "null",
+            "--trainer.limit_test_batches", "1", "--data.batch_size", "2"]
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    """A checkpoint of the architecture configs/tiny.yaml configures (untrained: only its settings matter here)."""
+    import lightning as L
+
+    from swax_lightning.module import LanguageModule
+
+    arch = yaml.safe_load((ROOT / "configs/base/tiny_model.yaml").read_text())["arch"]
+    module = LanguageModule(arch=arch)
+    module.configure_model()
+    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer.strategy.connect(module)
+    path = tmp_path_factory.mktemp("ckpt") / "tiny.ckpt"
+    trainer.save_checkpoint(path)
+    return path
+
+
+@pytest.mark.parametrize("config,args,named", [
+    ("tiny.yaml", ["--model.arch.logit_soft_cap", "20"],
+     "model.arch.logit_soft_cap (checkpoint 30.0, configured 20.0)"),
+    ("tiny_SD.yaml", [], "model.arch.pattern (checkpoint 'SX', configured 'SD')"),
+])
+def test_checkpoint_of_another_architecture_is_refused(tmp_path, capsys, tiny_checkpoint, config, args, named):
+    """It used to replace the configured model silently (LightningCLI parses the checkpoint's hyperparameters over
+    the configuration): an SD run config tested an SX checkpoint, and a changed logit_soft_cap was ignored."""
+    code, _, err = _in_process(capsys, "test", "--config", str(ROOT / "configs" / config), *args,
+                               "--ckpt_path", str(tiny_checkpoint), *_overrides(tmp_path)[2:], *NO_EVALS)
+    assert code == 2 and named in _one_error_line(err)
+
+
+def test_evaluation_needs_a_checkpoint_or_consent(tmp_path, capsys):
+    code, _, err = _in_process(capsys, "test", *_overrides(tmp_path), *NO_EVALS)
+    assert code == 2 and "--allow_random_weights" in _one_error_line(err)
+    code, out, err = _in_process(capsys, "test", *_overrides(tmp_path), *NO_EVALS, "--allow_random_weights", "true")
+    assert code == 0 and "test/loss" in out, err[-3000:]
+    code, _, err = _in_process(capsys, "test", *_overrides(tmp_path), *NO_EVALS, "--ckpt_path", "nope.ckpt")
+    assert code == 2 and "no such checkpoint file or folder: nope.ckpt" in _one_error_line(err)
+
+
+# ---- run naming: <save_dir>/<experiment>/<arm>/ for each logger ------------------------------------------------
+def test_print_config(capsys):
+    code, out, err = _in_process(capsys, "fit", "--config", str(ROOT / "configs/tiny.yaml"), "--print_config")
+    assert code == 0, err[-3000:]
+    assert "pattern: SX" in out and "window: 64" in out and "seq_len: 256" in out
+    assert out.startswith("# run folder: runs/tiny/w64\n")
+
+
+@pytest.mark.parametrize("logger,naming", [
+    ("TensorBoardLogger", {"name": "tiny", "version": "w64"}),
+    ("CSVLogger", {"name": "tiny", "version": "w64"}),
+    ("WandbLogger", {"project": "tiny", "name": "w64", "version": "w64"}),  # configured, not run: wandb is optional
+])
+def test_print_config_shows_the_run_folder_of_each_logger(tmp_path, capsys, logger, naming):
+    code, out, err = _in_process(capsys, "fit", "--config", str(ROOT / "configs/tiny.yaml"),
+                                 "--trainer.logger", json.dumps({"class_path": f"lightning.pytorch.loggers.{logger}",
+                                                                 "init_args": {"save_dir": str(tmp_path)}}),
+                                 "--print_config")
+    assert code == 0, err
+    assert out.startswith(f"# run folder: {tmp_path / 'tiny/w64'}\n")
+    assert naming.items() <= yaml.safe_load(out)["trainer"]["logger"]["init_args"].items()
+
+
+@pytest.mark.slow
+def test_csv_logger_run_goes_to_the_arm_folder(tmp_path):
+    """experiment/arm used to name TensorBoard runs only (a CSV run went to lightning_logs/version_0) and the
+    hyperparameters written after fit crashed any logger but TensorBoard."""
+    csv = json.dumps({"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path)}})
+    fit = _main("fit", *_overrides(tmp_path)[:4], "--trainer.logger", csv, "--trainer.enable_progress_bar", "false",
+                "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1",
+                "--data.batch_size", "2", cwd=tmp_path)
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    run = tmp_path / "tiny/w64"
+    assert (run / "checkpoints/last.ckpt").is_file() and "val/loss" in (run / "metrics.csv").read_text()
+    assert "pattern: SX" in (run / "hparams.yaml").read_text()
+
+
+# ---- generate: the README's command line as typed ------------------------------------------------------------
+@pytest.mark.parametrize("prompts", [["def main(", "import "], ["[1, 2]"]])
+def test_generate_command_line_takes_prompts_as_typed(capsys, tiny_checkpoint, prompts):
+    """`--prompt A --prompt B` and a single `--prompt X` exited 2 ("Expected a <class 'list'>")."""
+    from swax_lightning.generate import command_line
+
+    command_line(["--ckpt_path", str(tiny_checkpoint), *[arg for p in prompts for arg in ("--prompt", p)],
+                  "--max_new_tokens", "3"])
+    shown = [line for line in capsys.readouterr().out.splitlines() if line.startswith("--- prompt:")]
+    assert shown == [f"--- prompt: {prompt!r}" for prompt in prompts]

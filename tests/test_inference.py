@@ -132,7 +132,7 @@ def test_checkpoint_that_does_not_match_the_config(tmp_path):
     with pytest.raises(ValueError, match="n_layers"):
         other.on_load_checkpoint(torch.load(tmp_path / "a.ckpt", weights_only=False))
     shifted = LanguageModule(arch=BASE | dict(pattern="SX", n_layers=2, window=9))  # same weights, other window
-    with pytest.warns(UserWarning, match="window"):
+    with pytest.raises(ValueError, match="window"):
         shifted.on_load_checkpoint(torch.load(tmp_path / "a.ckpt", weights_only=False))
     loaded = LanguageModule.load_from_checkpoint(tmp_path / "a.ckpt")  # config from the checkpoint itself
     assert loaded.model.cfg.n_layers == 2
