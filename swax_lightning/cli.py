@@ -47,7 +47,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
-from swax_lightning import strategy  # noqa: F401  (registers --trainer.strategy fsdp2 and hsdp)
+from swax_lightning.strategy import refuse_replica_mesh  # also registers --trainer.strategy fsdp2 and hsdp
 from swax_lightning.checkpoints import refuse_unloadable_checkpoint
 from swax_lightning.config import ConfigError, ModelConfig
 from swax_lightning.evals.suite import EvalSuite
@@ -139,12 +139,14 @@ class SwaxCLI(LightningCLI):
             check_checkpoint(self.config[subcommand], subcommand)
 
     def instantiate_classes(self) -> None:
-        """The constructors validate their arguments: what they reject is a configuration error; so is a distributed
-        checkpoint given to a strategy that cannot load it."""
+        """The constructors validate their arguments: what they reject is a configuration error; so are a distributed
+        checkpoint given to a strategy that cannot load it and a model-parallel mesh that is not data-parallel over
+        every rank."""
         try:
             super().instantiate_classes()
             if self.subcommand:
                 refuse_unloadable_checkpoint(self.config[self.subcommand].get("ckpt_path"), self.trainer.strategy)
+                refuse_replica_mesh(self.trainer.strategy)
         except (ValueError, FileNotFoundError) as err:
             if isinstance(err, ConfigError):
                 raise

@@ -29,6 +29,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 
 from swax_lightning.config import ModelConfig
 from swax_lightning.model import SWAXModel
+from swax_lightning.strategy import replica_mesh_message
 
 
 def wrap_blocks(model: SWAXModel, activation_checkpointing: bool, compile_blocks: bool) -> None:
@@ -46,11 +47,9 @@ def fsdp_mesh(strategy):
     mesh = strategy.device_mesh
     if "tensor_parallel" not in (mesh.mesh_dim_names or ()):
         return mesh
-    if mesh["tensor_parallel"].size() > 1:
-        raise ValueError(f"ModelParallelStrategy: data_parallel_size ({mesh['data_parallel'].size()}) x "
-                         f"tensor_parallel_size ({mesh['tensor_parallel'].size()}): SWAX models have no tensor-parallel "
-                         "plan, so tensor_parallel_size must be 1 and data_parallel_size the world size; use "
-                         "--trainer.strategy fsdp2 (swax_lightning.strategy.FSDP2Strategy), which sets the mesh itself")
+    dp, tp = mesh["data_parallel"].size(), mesh["tensor_parallel"].size()
+    if tp > 1:
+        raise ValueError(replica_mesh_message(dp, tp, dp * tp))
     return mesh["data_parallel"]
 
 

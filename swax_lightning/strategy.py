@@ -45,6 +45,24 @@ def mesh_shape(sharding: str, num_nodes: int, devices: int, shard_size: int | No
     return (world // shard, shard)
 
 
+def refuse_replica_mesh(strategy) -> None:
+    """Lightning's own ModelParallelStrategy, at start-up: its mesh must be data-parallel over every rank, since SWAX
+    has no tensor-parallel plan (a tensor-parallel dimension leaves each rank training its own replica)."""
+    if not isinstance(strategy, ModelParallelStrategy) or isinstance(strategy, FSDP2Strategy):
+        return
+    nodes, devices = strategy.num_nodes, strategy.num_processes
+    dp = nodes if strategy._data_parallel_size == "auto" else strategy._data_parallel_size
+    tp = devices if strategy._tensor_parallel_size == "auto" else strategy._tensor_parallel_size
+    if tp != 1 or dp != nodes * devices:
+        raise ValueError(replica_mesh_message(dp, tp, nodes * devices))
+
+
+def replica_mesh_message(dp: int, tp: int, world: int) -> str:
+    return (f"ModelParallelStrategy: data_parallel_size ({dp}) x tensor_parallel_size ({tp}) must be data_parallel_size "
+            f"= world size ({world}) x tensor_parallel_size 1: SWAX models have no tensor-parallel plan, so each rank "
+            "would train its own replica; use --trainer.strategy fsdp2 (or hsdp), which sets the mesh itself")
+
+
 class FSDP2Strategy(ModelParallelStrategy):
     """FSDP2 over every rank (or HSDP), for SWAX models built in LanguageModule.configure_model.
 

@@ -125,5 +125,37 @@ class _LightningDefaultMesh:  # ModelParallelStrategy's default on 1 node x 2 de
 
 
 def test_model_parallel_strategy_with_a_tensor_parallel_dimension_is_refused():
-    with pytest.raises(ValueError, match=r"tensor_parallel_size \(2\).*--trainer.strategy fsdp2"):
+    with pytest.raises(ValueError, match=r"tensor_parallel_size \(2\).*own replica.*--trainer.strategy fsdp2"):
         fsdp_mesh(SimpleNamespace(device_mesh=_LightningDefaultMesh()))
+
+
+# ---- bad input at start-up: one line, before any process is launched ---------------------------------------------
+def _start(capsys, *args):
+    from main import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", "--config", "configs/tiny.yaml", "--trainer.devices", "2", *args])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1 and err.startswith("error: "), err
+    return err
+
+
+def test_lightning_model_parallel_default_mesh_is_refused_at_start(capsys):
+    err = _start(capsys, "--trainer.strategy", '{"class_path": "lightning.pytorch.strategies.ModelParallelStrategy"}')
+    assert "data_parallel_size (1) x tensor_parallel_size (2)" in err and "own replica" in err
+
+
+def test_shard_size_that_does_not_divide_the_world_is_refused_at_start(capsys):
+    err = _start(capsys, "--trainer.strategy", '{"class_path": "swax_lightning.strategy.FSDP2Strategy", '
+                                               '"init_args": {"sharding": "hybrid", "shard_size": 3}}')
+    assert "FSDP2Strategy.shard_size (3) must divide the world size: num_nodes (1) x devices (2) = 2" in err
+
+
+def test_more_gpus_than_the_machine_has_is_refused_at_start(capsys, monkeypatch):
+    import lightning.fabric.accelerators.cuda as fabric_cuda
+    import lightning.pytorch.accelerators.cuda as cuda
+
+    for module in (fabric_cuda, cuda):  # a machine with one GPU
+        monkeypatch.setattr(module, "num_cuda_devices", lambda: 1)
+    err = _start(capsys, "--trainer.accelerator", "cuda", "--trainer.strategy", "fsdp2")
+    assert "[0, 1]" in err and "only has: [0]" in err

@@ -1,0 +1,90 @@
+"""Synthetic recall documents and the answer-token loss by distance: oracles, blind baselines, held-out separation."""
+import math
+import re
+
+import pytest
+import torch
+
+from swax_lightning.evals.essay import generated_essay, prose_sentences
+from swax_lightning.evals.recall import answer_loss, bucket_distances, recall_losses
+from swax_lightning.evals.ruler import load_words
+from swax_lightning.recall import RecallMix, eval_sample, training_document
+from swax_lightning.tokenizer import load_tokenizer
+
+FACT = re.compile(r"One of the special magic numbers for (\w+) is: (\d+)\.")
+QUESTION = re.compile(r"What is the special magic number for (\w+)\? The special magic number for \1 is: (\d+)\.")
+
+
+def test_every_question_repeats_a_fact_stated_at_its_distance():
+    mix = RecallMix(near_limit=128, max_distance=900, far_share=0.25)
+    doc, distances = training_document(3, mix, seed=1)
+    assert (doc, distances) == training_document(3, mix, seed=1)  # a pure function of (seed, index)
+    facts = {m.group(1): m.group(2) for m in FACT.finditer(doc)}
+    questions = list(QUESTION.finditer(doc))
+    assert len(questions) == len(distances) > 20
+    for q in questions:  # an oracle reading the document answers every question
+        assert facts[q.group(1)] == q.group(2)
+    assert min(distances) >= mix.min_distance and max(distances) <= mix.max_distance + 80
+    far = sum(d >= mix.near_limit for d in distances) / len(distances)
+    assert 0.1 < far < 0.6  # most recalls are near, some beyond the long window
+
+
+def test_recall_mix_checks_its_fields():
+    with pytest.raises(ValueError, match="near_limit"):
+        RecallMix(min_distance=8, near_limit=4)
+    with pytest.raises(ValueError, match="RecallMix.far_share"):
+        RecallMix(far_share=1.5)
+
+
+def test_held_out_samples_share_no_key_or_filler_with_training():
+    adjectives, nouns = load_words()
+    keys = [f"{a}-{n}" for a in adjectives for n in nouns]
+    filler = prose_sentences(generated_essay(seed=1))
+    training = "".join(training_document(i, RecallMix())[0] for i in range(20))
+    train_keys = {m.group(1) for m in FACT.finditer(training)}
+    for i in range(20):
+        sample = eval_sample(300, i, filler, keys)
+        assert sample.key not in train_keys and sample.key not in training and "-" in sample.key
+        gap = sample.prompt.split("\n", 1)[1].rsplit("\n", 1)[0]
+        assert len(gap) == 300 and gap[:40] not in training
+
+
+class Oracle(torch.nn.Module):
+    """Knows the full token stream it is evaluated on: logits one-hot on the true next token."""
+
+    def __init__(self, stream, vocab=257):
+        super().__init__()
+        self.stream, self.vocab, self.w = stream, vocab, torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, ids):
+        nxt = torch.tensor(self.stream[1:ids.shape[1] + 1])
+        return 50.0 * torch.nn.functional.one_hot(nxt, self.vocab).float()[None]
+
+
+class Blind(torch.nn.Module):
+    def __init__(self, vocab=257):
+        super().__init__()
+        self.vocab, self.w = vocab, torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, ids):
+        return torch.zeros(1, ids.shape[1], self.vocab)
+
+
+def test_answer_loss_oracle_is_zero_and_blind_is_chance():
+    tok = load_tokenizer("byte")
+    prompt, answer = "the code of kavo is: ", "4819273"
+    loss, exact = answer_loss(Oracle(tok.encode(prompt) + tok.encode(answer)), tok, prompt, answer)
+    assert loss < 1e-6 and exact
+    loss, exact = answer_loss(Blind(), tok, prompt, answer)
+    assert loss == pytest.approx(math.log(257)) and not exact
+
+
+def test_buckets_hold_their_distances_and_report_intervals():
+    edges = [1, 8, 128, 1024]
+    jobs = bucket_distances(edges, 5, seed=0)
+    assert all(lo <= d < hi for lo, hi, d in jobs) and len(jobs) == 15
+    with pytest.raises(ValueError, match="recall_edges"):
+        bucket_distances([8, 8], 1, 0)
+    out = recall_losses(Blind(), load_tokenizer("byte"), edges, 3)
+    assert [(b["from"], b["to"], b["n"]) for b in out["buckets"]] == [(1, 8, 3), (8, 128, 3), (128, 1024, 3)]
+    assert all(b["exact"] == 0 and b["loss"] == pytest.approx(math.log(257)) for b in out["buckets"])
