@@ -18,8 +18,8 @@ from __future__ import annotations
 import hashlib
 import json
 import sysconfig
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 EMBEDDED = "embedded"
 TEXT_SUFFIXES = (".txt", ".md", ".py", ".jsonl")

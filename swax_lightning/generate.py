@@ -71,5 +71,10 @@ def main(ckpt_path: str, prompt: list[str] | None = None, prompts_file: str | No
     return continuations
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The `swax-generate` console script."""
     CLI(main, as_positional=False)
+
+
+if __name__ == "__main__":
+    cli()

@@ -17,9 +17,9 @@ import warnings
 from dataclasses import asdict, dataclass, field
 
 import lightning as L
-from lightning.pytorch.strategies import ModelParallelStrategy
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.strategies import ModelParallelStrategy
 from torchmetrics.aggregation import MeanMetric
 
 from swax_lightning.config import ModelConfig

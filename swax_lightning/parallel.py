@@ -1,7 +1,7 @@
 """Training-time wrapping of a SWAXModel: activation checkpointing, torch.compile, FSDP2 sharding.
 
 Kept outside the model (torchtitan's rule: model code stays single-device). LanguageModule.configure_model calls
-`prepare_model`, under Lightning's ModelParallelStrategy for sharding (../shared/DESIGN.md section 7) or under any
+`prepare_model`, under Lightning's ModelParallelStrategy for sharding (docs/design.md section 7) or under any
 other strategy (single device, DDP) for the first two.
 
 Decisions:

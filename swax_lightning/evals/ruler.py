@@ -1,6 +1,6 @@
 """RULER needle-in-a-haystack (NIAH): the eight tasks, generated offline, scored with string_match_all.
 
-Spec (RULER; ../shared/DESIGN.md section 9). A needle is "One of the special magic {type} for {key} is: {value}.";
+Spec (RULER; docs/design.md section 9). A needle is "One of the special magic {type} for {key} is: {value}.";
 haystacks are noise (five fixed sentences repeated), essay (long English prose) or needle (distractor needles only);
 keys and values are adjective-noun words, 7-digit numbers or uuid4s. The prompt asks for all the special magic {type}
 for the queried key(s) and ends with the answer prefix; the model continues it greedily (up to 128 tokens) and the
