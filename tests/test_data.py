@@ -282,10 +282,13 @@ def test_interrupted_preparation_leaves_no_folder_and_no_worker(source, tmp_path
 
     monkeypatch.setattr("swax_lightning.data.optimize", interrupted_optimize)
     dm = TextDataModule(source=str(source), data_dir=str(tmp_path / "d"), seq_len=SEQ)
-    with pytest.raises(KeyboardInterrupt):
-        dm.prepare_data()
-    assert not workers[0].is_alive()
-    assert list(tmp_path.iterdir()) == []
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            dm.prepare_data()
+        assert not workers[0].is_alive()
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        workers[0].kill()  # a failing run must not leave the sleeper behind
 
 
 def test_temporary_folder_of_a_killed_preparation_is_removed(prepared, tmp_path):
