@@ -54,6 +54,9 @@ class SwaxForCausalLM(PreTrainedModel, GenerationMixin):
     base_model_prefix = "model"
     main_input_name = "input_ids"
     _no_split_modules = ["Block"]
+    # With tie_embeddings the head is the embedding (SWAXModel ties them); transformers saves it once and re-ties it
+    # on load. Applied only when config.tie_word_embeddings is true.
+    _tied_weights_keys = {"model.lm_head.weight": "model.embed.weight"}
 
     def __init__(self, config: SwaxConfig):
         super().__init__(config)

@@ -104,3 +104,18 @@ def test_existing_folder_is_not_replaced_without_overwrite(run, exported):
     assert (exported / "model.safetensors").read_bytes() == before
     export(run, exported, overwrite=True)
     assert sorted(p.name for p in exported.parent.iterdir()) == ["swax-tiny"]  # no temporary folder left
+
+
+def test_tied_embeddings_round_trip(tmp_path):
+    """A freshly initialised model whose head is its embedding: saved once, re-tied on load, same logits."""
+    from swax_lightning.export import export
+
+    module = LanguageModule(arch=ARCH | {"tie_embeddings": True})
+    module.configure_model()
+    ckpt = tmp_path / "tied.ckpt"
+    torch.save({"hyper_parameters": dict(module.hparams), "state_dict": module.state_dict(),
+                "datamodule_hyper_parameters": {"tokenizer": "byte"}}, ckpt)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(export(ckpt, tmp_path / "hf"), trust_remote_code=True)
+    assert hf.model.lm_head.weight is hf.model.embed.weight
+    ids = torch.arange(30).unsqueeze(0)
+    torch.testing.assert_close(hf.eval()(input_ids=ids).logits, module.model.eval()(ids), atol=1e-5, rtol=0)
