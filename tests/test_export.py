@@ -106,16 +106,43 @@ def test_existing_folder_is_not_replaced_without_overwrite(run, exported):
     assert sorted(p.name for p in exported.parent.iterdir()) == ["swax-tiny"]  # no temporary folder left
 
 
+def _fresh_checkpoint(path, arch, tokenizer="byte"):
+    """A checkpoint of a freshly initialised model, as `main.py fit` would lay it out."""
+    module = LanguageModule(arch=arch)
+    module.configure_model()
+    torch.save({"hyper_parameters": dict(module.hparams), "state_dict": module.state_dict(),
+                "datamodule_hyper_parameters": {"tokenizer": tokenizer}}, path)
+    return module
+
+
 def test_tied_embeddings_round_trip(tmp_path):
-    """A freshly initialised model whose head is its embedding: saved once, re-tied on load, same logits."""
+    """A model whose head is its embedding: saved once, re-tied on load, same logits."""
     from swax_lightning.export import export
 
-    module = LanguageModule(arch=ARCH | {"tie_embeddings": True})
-    module.configure_model()
-    ckpt = tmp_path / "tied.ckpt"
-    torch.save({"hyper_parameters": dict(module.hparams), "state_dict": module.state_dict(),
-                "datamodule_hyper_parameters": {"tokenizer": "byte"}}, ckpt)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(export(ckpt, tmp_path / "hf"), trust_remote_code=True)
+    module = _fresh_checkpoint(tmp_path / "tied.ckpt", ARCH | {"tie_embeddings": True})
+    hf = transformers.AutoModelForCausalLM.from_pretrained(export(tmp_path / "tied.ckpt", tmp_path / "hf"),
+                                                           trust_remote_code=True)
     assert hf.model.lm_head.weight is hf.model.embed.weight
     ids = torch.arange(30).unsqueeze(0)
     torch.testing.assert_close(hf.eval()(input_ids=ids).logits, module.model.eval()(ids), atol=1e-5, rtol=0)
+
+
+def test_bpe_tokenizer_json_is_exported_as_trained(tmp_path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from swax_lightning.export import export
+    from swax_lightning.tokenizer import HFTokenizer
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator([f"def f{i}(x):\n    return x * {i}\n" for i in range(200)],
+                            trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bpe.save(str(tmp_path / "tokenizer.json"))
+    ours = HFTokenizer(tmp_path / "tokenizer.json")
+    _fresh_checkpoint(tmp_path / "bpe.ckpt", ARCH | {"vocab_size": ours.vocab_size}, str(tmp_path / "tokenizer.json"))
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(export(tmp_path / "bpe.ckpt", tmp_path / "hf"))
+    text = "def f7(x):\n    return x * 7\n"
+    assert hf_tokenizer(text).input_ids == ours.encode(text) and len(ours.encode(text)) < len(text)
+    assert hf_tokenizer.eos_token_id == ours.eos_id
