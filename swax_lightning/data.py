@@ -9,8 +9,9 @@ Decisions:
   end-of-text id), with a chunk size that is a multiple of seq_len + 1 so no block straddles a chunk
   (docs/design.md section 8).
 - Nothing half-written replaces good data: shards are written to a temporary sibling folder and renamed into place;
-  an interrupted preparation removes that folder and stops the workers it started (a killed one's folder is removed
-  by the next preparation). An existing `data_dir` is reused only if its meta.json matches the source, tokenizer
+  an interrupted preparation (Ctrl-C: litdata's own handler, which exits with status 0 and orphans its worker, is
+  replaced for the duration) removes that folder and stops the workers it started; a killed one's folder is removed
+  by the next preparation. An existing `data_dir` is reused only if its meta.json matches the source, tokenizer
   and seq_len; a folder without a readable meta.json is refused, never re-tokenised over.
 - Everything that can be checked is checked in prepare_data/setup, before any training step, and the error names
   the field or file: the model's vocab_size against the tokenizer's, the configured tokenizer against the one the
@@ -28,13 +29,16 @@ import multiprocessing
 import os
 import re
 import shutil
+import signal
 import sys
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import lightning as L
 import numpy as np
 from litdata import StreamingDataLoader, StreamingDataset, TokensLoader, optimize
+from litdata.processing.data_processor import DataProcessor
 from torch.utils.data import DataLoader
 
 from swax_lightning.corpus import EMBEDDED, document_refs, read_documents, split_of
@@ -148,12 +152,13 @@ class TextDataModule(L.LightningDataModule):
         shutil.rmtree(tmp, ignore_errors=True)
         workers_before = set(multiprocessing.active_children())
         try:
-            for split in SPLITS:
-                fn = functools.partial(tokenize_ref, tokenizer=self.tokenizer_spec, split=split,
-                                       val_fraction=self.val_fraction, test_fraction=self.test_fraction)
-                optimize(fn=fn, inputs=refs, output_dir=str(tmp / split), chunk_size=chunk,
-                         item_loader=TokensLoader(), num_workers=1, reorder_files=False, verbose=False,
-                         start_method=START_METHOD)
+            with _interruptible():
+                for split in SPLITS:
+                    fn = functools.partial(tokenize_ref, tokenizer=self.tokenizer_spec, split=split,
+                                           val_fraction=self.val_fraction, test_fraction=self.test_fraction)
+                    optimize(fn=fn, inputs=refs, output_dir=str(tmp / split), chunk_size=chunk,
+                             item_loader=TokensLoader(), num_workers=1, reorder_files=False, verbose=False,
+                             start_method=START_METHOD)
             meta = (self._expected_meta() | self._measure(refs, tmp)
                     | {"tokenizer_fingerprint": self.tokenizer.fingerprint, "sha256": checksums(tmp, SPLITS)})
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
@@ -294,6 +299,27 @@ def _running(pid: int) -> bool:
     except PermissionError:
         return True  # someone else's live process
     return True
+
+
+@contextmanager
+def _interruptible():
+    """Ctrl-C during litdata's `optimize` raises KeyboardInterrupt, so our clean-up runs.
+
+    `optimize` installs a SIGINT handler that stops its queues and calls os._exit(0): the process ends with status 0,
+    no `finally` runs (the temporary folder stays), a busy worker is orphaned, and the handler stays installed for
+    the rest of the run (a later Ctrl-C in training would exit 0 too). Here its handler raises KeyboardInterrupt
+    instead, and the previous handler is restored afterwards."""
+    previous_handler, litdata_handler = signal.getsignal(signal.SIGINT), DataProcessor._signal_handler
+    DataProcessor._signal_handler = _raise_keyboard_interrupt
+    try:
+        yield
+    finally:
+        DataProcessor._signal_handler = litdata_handler
+        signal.signal(signal.SIGINT, previous_handler)
+
+
+def _raise_keyboard_interrupt(processor, signum, frame):
+    raise KeyboardInterrupt
 
 
 def _stop(processes: set) -> None:

@@ -2,8 +2,11 @@
 a line naming the file or field (changed content, meta.json problems, tokenizer mismatches, too little text)."""
 import json
 import multiprocessing
+import os
 import shutil
+import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,7 +16,7 @@ import torch
 from litdata import StreamingDataset, TokensLoader
 
 from swax_lightning.corpus import document_refs, read_documents, split_of
-from swax_lightning.data import TextDataModule
+from swax_lightning.data import TextDataModule, _running
 from swax_lightning.tokenizer import ByteTokenizer
 
 SEQ = 31
@@ -289,6 +292,42 @@ def test_interrupted_preparation_leaves_no_folder_and_no_worker(source, tmp_path
         assert list(tmp_path.iterdir()) == []
     finally:
         workers[0].kill()  # a failing run must not leave the sleeper behind
+
+
+INTERRUPTED_PREPARATION = """
+import os, signal, sys, time
+import swax_lightning.data as data
+
+def interrupting(ref, **settings):  # the litdata worker: Ctrl-C reaches the preparing process while it is busy
+    with open(sys.argv[2], "w") as f:
+        f.write(str(os.getpid()))
+    os.kill(os.getppid(), signal.SIGINT)
+    time.sleep(60)
+    yield from ()
+
+data.tokenize_ref = interrupting
+data.TextDataModule(source=sys.argv[1], data_dir=sys.argv[3], seq_len=31).prepare_data()
+"""
+
+
+def test_ctrl_c_inside_litdata_fails_and_leaves_no_folder_and_no_worker(source, tmp_path):
+    """litdata's own SIGINT handler exited with status 0, kept the temporary folder and orphaned the worker."""
+    script, worker_pid, out = tmp_path / "prepare.py", tmp_path / "worker.pid", tmp_path / "out"
+    script.write_text(INTERRUPTED_PREPARATION)
+    result = subprocess.run([sys.executable, str(script), str(source), str(worker_pid), str(out / "d")],
+                            capture_output=True, text=True, timeout=300,
+                            env=os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    worker = int(worker_pid.read_text())
+    try:
+        assert result.returncode != 0 and "KeyboardInterrupt" in result.stderr, result.stderr[-2000:]
+        assert list(out.iterdir()) == []
+        deadline = time.time() + 10
+        while _running(worker) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not _running(worker)
+    finally:
+        if _running(worker):
+            os.kill(worker, signal.SIGKILL)
 
 
 def test_temporary_folder_of_a_killed_preparation_is_removed(prepared, tmp_path):
