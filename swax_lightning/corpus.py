@@ -11,7 +11,7 @@ Decisions:
   existing document to another split, and the held-out text is never trained on. Validation takes the lowest
   hash bucket, test the next one, so raising test_fraction never moves a validation document.
 - Files that are not valid UTF-8 are skipped, but never silently: the caller passes a list that collects them and
-  reports the count with examples (a few stdlib files are not UTF-8).
+  reports the count with examples (the few stdlib files that are not UTF-8 are tests, left out of the corpus).
 """
 from __future__ import annotations
 
