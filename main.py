@@ -6,18 +6,9 @@
 
 Every field of a YAML file is a documented argument of LanguageModule (model:), TextDataModule (data:), the
 StochasticWindow callback (window:), the EvalSuite callback (eval:) or Lightning's Trainer (trainer:). A configuration
-error prints one line `error: ...` and exits with code 2.
+error prints one line `error: ...` and exits with code 2. Installed as a package, the same command is `swax`.
 """
-from swax_lightning.cli import SwaxCLI
-from swax_lightning.data import TextDataModule
-from swax_lightning.module import LanguageModule
-
-
-def main(args: list[str] | None = None) -> None:
-    """Runs the command line `args` (default: sys.argv[1:])."""
-    SwaxCLI(LanguageModule, TextDataModule, seed_everything_default=0, save_config_kwargs={"overwrite": True},
-            args=args)
-
+from swax_lightning.cli import main
 
 if __name__ == "__main__":
     main()

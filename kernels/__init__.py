@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import Callable
+from collections.abc import Callable
 
 from kernels.deltanet.chunk import gated_delta_chunkwise as _gated_delta_chunkwise_torch
 from kernels.deltanet.naive import gated_delta_recurrent, gated_delta_step

@@ -47,11 +47,12 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
-from swax_lightning.strategy import refuse_replica_mesh  # also registers --trainer.strategy fsdp2 and hsdp
 from swax_lightning.checkpoints import refuse_unloadable_checkpoint
 from swax_lightning.config import ConfigError, ModelConfig
+from swax_lightning.data import TextDataModule
 from swax_lightning.evals.suite import EvalSuite
-from swax_lightning.module import check_architecture
+from swax_lightning.module import LanguageModule, check_architecture
+from swax_lightning.strategy import refuse_replica_mesh  # also registers --trainer.strategy fsdp2 and hsdp
 from swax_lightning.window import StochasticWindow
 
 USAGE_ERRORS = (ConfigError, ArgumentError, MisconfigurationException)
@@ -312,3 +313,9 @@ def _file_setting(value: str, keys: list[str]) -> str | None:
             return None
         tree = tree[key]
     return f"in {origin}" if origin else "in a --config string"
+
+
+def main(args: list[str] | None = None) -> None:
+    """`python main.py ...` and the `swax` console script: runs the command line `args` (default: sys.argv[1:])."""
+    SwaxCLI(LanguageModule, TextDataModule, seed_everything_default=0, save_config_kwargs={"overwrite": True},
+            args=args)

@@ -1,13 +1,13 @@
 """ModelConfig: every architectural choice of a SWAX model in one dataclass, validated on construction.
 
-The paper (../shared/DESIGN.md section 1) fixes the depth, width, layer ratio and windows; everything it leaves open
+The paper (docs/design.md section 1) fixes the depth, width, layer ratio and windows; everything it leaves open
 defaults to the xLSTM-7B block (section 3): SwiGLU FFN of width round_up(8/3 d, 64), mLSTM q/k at half width, gate
 soft-cap 15, no biases except the gate pre-activations. Attention heads default to head dim 128.
 
 Decisions:
 - The depth is the `pattern` string tiled over `n_layers` ("SX" x 12 = 24 layers for the 1.4B), so baselines and
   hybrids are one letter string away: S = sliding-window attention, X = mLSTM, A = full causal attention.
-- `window` is the number of keys a query sees, the current token included (DESIGN.md section 2); it is also the
+- `window` is the number of keys a query sees, the current token included (docs/design.md section 2); it is also the
   evaluation window. The training-time window is changed per step with `SWAXModel.set_window`, not here.
 - Errors name the field and the allowed range, so a wrong YAML value is found at once.
 """

@@ -1,23 +1,25 @@
 """Text sources: the embedded default corpus (present on every machine, no download) and a user's own folder.
 
-The embedded corpus (../shared/DESIGN.md section 10) is the Python standard library itself: its non-test `.py`
+The embedded corpus (docs/design.md section 10) is the Python standard library itself: its non-test `.py`
 sources (~12 MB of code and docstrings) plus the English prose of the language reference in `pydoc_data.topics`
 (~465k characters). A user's source is a folder (or one file) of .txt, .md, .py files (one document each) and .jsonl
 files (one document per line, from the field "text").
 
 Decisions:
 - Documents are referenced by small picklable strings so that litdata's `optimize` workers can read them.
-- The train/val split is by document, from a stable hash of the document's name: adding files never moves an
-  existing document to the other split, and the held-out text is never trained on.
-- Files that are not valid UTF-8 are skipped (a few stdlib test files are not).
+- The train/val/test split is by document, from a stable hash of the document's name: adding files never moves an
+  existing document to another split, and the held-out text is never trained on. Validation takes the lowest
+  hash bucket, test the next one, so raising test_fraction never moves a validation document.
+- Files that are not valid UTF-8 are skipped, but never silently: the caller passes a list that collects them and
+  reports the count with examples (the few stdlib files that are not UTF-8 are tests, left out of the corpus).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import sysconfig
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 EMBEDDED = "embedded"
 TEXT_SUFFIXES = (".txt", ".md", ".py", ".jsonl")
@@ -48,8 +50,9 @@ def document_refs(source: str) -> list[str]:
     return [str(p) for p in files]
 
 
-def read_documents(ref: str) -> Iterator[tuple[str, str]]:
-    """(name, text) for each document behind one ref; undecodable files yield nothing."""
+def read_documents(ref: str, undecodable: list[str] | None = None) -> Iterator[tuple[str, str]]:
+    """(name, text) for each document behind one ref; a file that is not UTF-8 yields nothing and is appended to
+    `undecodable` when given."""
     if ref.startswith(_TOPIC_PREFIX):
         from pydoc_data.topics import topics
 
@@ -58,6 +61,8 @@ def read_documents(ref: str) -> Iterator[tuple[str, str]]:
     try:
         text = Path(ref).read_text(encoding="utf-8")
     except UnicodeDecodeError:
+        if undecodable is not None:
+            undecodable.append(ref)
         return
     if not ref.endswith(".jsonl"):
         yield ref, text
@@ -70,7 +75,9 @@ def read_documents(ref: str) -> Iterator[tuple[str, str]]:
                 raise ValueError(f"{ref} line {line_no + 1}: expected a JSON object with a 'text' field") from err
 
 
-def is_validation(name: str, val_fraction: float) -> bool:
-    """Stable document-level split: the same document always lands in the same split."""
+def split_of(name: str, val_fraction: float, test_fraction: float) -> str:
+    """Stable document-level split ("train", "val" or "test"): the same document always lands in the same split."""
     bucket = int.from_bytes(hashlib.sha1(name.encode()).digest()[:4], "big") / 2 ** 32
-    return bucket < val_fraction
+    if bucket < val_fraction:
+        return "val"
+    return "test" if bucket < val_fraction + test_fraction else "train"

@@ -1,16 +1,22 @@
 """TextDataModule: tokenized text in litdata shards, streamed in blocks of seq_len + 1 tokens.
 
-prepare_data() turns a text source (corpus.py) into two litdata datasets, `train/` and `val/`, under `data_dir`,
-unless they are already there; training streams them with StreamingDataset + StreamingDataLoader.
+prepare_data() turns a text source (corpus.py) into three litdata datasets, `train/`, `val/` and `test/` (split by
+document), under `data_dir`, unless they are already there; training streams them with StreamingDataset +
+StreamingDataLoader. `main.py validate` reads `val/`, `main.py test` the held-out `test/` split.
 
 Decisions:
 - Shards are written with litdata's `optimize` and `TokensLoader` (documents concatenated, each followed by the
   end-of-text id), with a chunk size that is a multiple of seq_len + 1 so no block straddles a chunk
-  (../shared/DESIGN.md section 8).
+  (docs/design.md section 8).
 - Nothing half-written replaces good data: shards are written to a temporary sibling folder and renamed into place;
-  an existing `data_dir` is reused only if its meta.json matches the source, tokenizer and seq_len.
-- Before training, every shard named by each index.json is checked to exist with its recorded size, so a missing or
-  truncated file is reported by name instead of failing deep inside a worker.
+  an interrupted preparation (Ctrl-C: litdata's own handler, which exits with status 0 and orphans its worker, is
+  replaced for the duration) removes that folder and stops the workers it started; a killed one's folder is removed
+  by the next preparation. An existing `data_dir` is reused only if its meta.json matches the source, tokenizer
+  and seq_len; a folder without a readable meta.json is refused, never re-tokenised over.
+- Everything that can be checked is checked in prepare_data/setup, before any training step, and the error names
+  the field or file: the model's vocab_size against the tokenizer's, the configured tokenizer against the one the
+  shards were made with (by content fingerprint), each shard's size and content checksum (shards.py), and a train
+  split holding at least one batch per device and worker.
 - Resume mid-epoch is Lightning's: it saves the StreamingDataLoader state in the checkpoint.
 - Bits per byte needs bytes per token; it is measured on the validation split when the shards are written and kept
   in meta.json (exactly 1 minus the end-of-text share for the byte tokenizer).
@@ -19,25 +25,32 @@ from __future__ import annotations
 
 import functools
 import json
+import multiprocessing
 import os
 import re
 import shutil
+import signal
 import sys
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import lightning as L
 import numpy as np
 from litdata import StreamingDataLoader, StreamingDataset, TokensLoader, optimize
+from litdata.processing.data_processor import DataProcessor
 from torch.utils.data import DataLoader
 
-from swax_lightning.corpus import EMBEDDED, document_refs, is_validation, read_documents
+from swax_lightning.corpus import EMBEDDED, document_refs, read_documents, split_of
 from swax_lightning.inference import read_prompts
+from swax_lightning.shards import check_checksums, check_sizes, checksums, split_blocks, split_tokens
 from swax_lightning.tokenizer import load_tokenizer
 
-SPLITS = ("train", "val")
+SPLITS = ("train", "val", "test")
 CHUNK_TOKENS = 1 << 22  # ~4M tokens per shard file, rounded down to whole blocks
 # fork needs no importable __main__ (notebooks, stdin, pytest) and starts fast; macOS keeps its default (spawn).
 START_METHOD = "fork" if sys.platform == "linux" else None
+UNDECODABLE_EXAMPLES = 3
 
 
 @functools.lru_cache(maxsize=4)
@@ -45,12 +58,12 @@ def _tokenizer(spec: str):
     return load_tokenizer(spec)
 
 
-def tokenize_ref(ref: str, tokenizer: str, split: str, val_fraction: float):
+def tokenize_ref(ref: str, tokenizer: str, split: str, val_fraction: float, test_fraction: float):
     """litdata `optimize` worker: yields one token array per document of `ref` that belongs to `split`."""
     tok = _tokenizer(tokenizer)
     dtype = np.uint16 if tok.vocab_size <= 1 << 16 else np.int32
     for name, text in read_documents(ref):
-        if is_validation(name, val_fraction) == (split == "val"):
+        if split_of(name, val_fraction, test_fraction) == split:
             yield np.asarray(tok.encode(text) + [tok.eos_id], dtype=dtype)
 
 
@@ -60,37 +73,48 @@ class TextDataModule(L.LightningDataModule):
     Args:
         source: "embedded" (the Python standard library's sources and reference prose: on every machine), a folder
             or file of .txt/.md/.py/.jsonl text, or null to use shards already in data_dir.
-        tokenizer: "byte" (257 ids, no file) or a path to a HF tokenizers tokenizer.json.
+        tokenizer: "byte" (257 ids, no file) or a path to a HF tokenizers tokenizer.json; must be the one the
+            shards were made with.
         data_dir: Where the shards go; empty = data/<source name>-<tokenizer>-<seq_len>.
         seq_len: Tokens per training sequence (each block holds seq_len + 1 tokens: inputs and shifted targets).
         batch_size: Sequences per micro-batch per device.
         val_fraction: Share of documents held out for validation (split by document).
+        test_fraction: Share of documents held out for `main.py test` (split by document, disjoint from val).
         num_workers: DataLoader worker processes.
         seed: Shuffle seed of the training stream.
+        verify_checksums: Compare every shard's sha256 with the one recorded at preparation before using it (reads
+            the shards once, ~1 GB/s; sizes are always checked).
         prompts: Prompts for `main.py predict` (continued with the model's `generation` settings).
         prompts_file: A text file with one prompt per line, for `main.py predict`.
     """
 
     def __init__(self, source: str | None = EMBEDDED, tokenizer: str = "byte", data_dir: str | None = None,
-                 seq_len: int = 512, batch_size: int = 16, val_fraction: float = 0.02, num_workers: int = 0,
-                 seed: int = 0, prompts: list[str] | None = None, prompts_file: str | None = None):
+                 seq_len: int = 512, batch_size: int = 16, val_fraction: float = 0.02, test_fraction: float = 0.02,
+                 num_workers: int = 0, seed: int = 0, verify_checksums: bool = True,
+                 prompts: list[str] | None = None, prompts_file: str | None = None):
         super().__init__()
         self.save_hyperparameters()  # kept in checkpoints: inference finds the tokenizer there
         if seq_len < 1:
             raise ValueError(f"TextDataModule.seq_len must be >= 1 (got {seq_len})")
         if batch_size < 1:
             raise ValueError(f"TextDataModule.batch_size must be >= 1 (got {batch_size})")
-        if not 0 < val_fraction < 1:
-            raise ValueError(f"TextDataModule.val_fraction must be in (0, 1) (got {val_fraction})")
+        for name, fraction in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
+            if not 0 < fraction < 1:
+                raise ValueError(f"TextDataModule.{name} must be in (0, 1) (got {fraction})")
+        if val_fraction + test_fraction >= 1:
+            raise ValueError(f"TextDataModule.val_fraction + test_fraction must be < 1, leaving documents to train "
+                             f"on (got {val_fraction} + {test_fraction})")
         if source is None and data_dir is None:
             raise ValueError("TextDataModule: set `source` (to build shards) or `data_dir` (existing shards)")
         self.source, self.tokenizer_spec = source, tokenizer
-        self.seq_len, self.batch_size, self.val_fraction = seq_len, batch_size, val_fraction
-        self.num_workers, self.seed = num_workers, seed
+        self.seq_len, self.batch_size = seq_len, batch_size
+        self.val_fraction, self.test_fraction = val_fraction, test_fraction
+        self.num_workers, self.seed, self.verify_checksums = num_workers, seed, verify_checksums
         self.prompts, self.prompts_file = list(prompts or []), prompts_file
         self.data_dir = Path(data_dir or f"data/{self._slug()}")
         self.meta: dict = {}
         self.datasets: dict[str, StreamingDataset] = {}
+        self._verified = False
 
     def _slug(self) -> str:
         src = "embedded" if self.source == EMBEDDED else Path(self.source).name
@@ -98,8 +122,11 @@ class TextDataModule(L.LightningDataModule):
         return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{src}-{tok}-{self.seq_len}")
 
     def _expected_meta(self) -> dict:
+        """The settings that define the shards; with source null only seq_len (the tokenizer is checked apart)."""
+        if self.source is None:
+            return {"seq_len": self.seq_len}
         return {"source": self.source, "tokenizer": self.tokenizer_spec, "seq_len": self.seq_len,
-                "val_fraction": self.val_fraction}
+                "val_fraction": self.val_fraction, "test_fraction": self.test_fraction}
 
     @property
     def tokenizer(self):
@@ -107,61 +134,117 @@ class TextDataModule(L.LightningDataModule):
 
     # ---- writing -------------------------------------------------------------------------------------------
     def prepare_data(self) -> None:
-        if (self.data_dir / "meta.json").exists() or self.source is None:
+        self._check_model_vocab()  # before any long work
+        if self.source is None or (self.data_dir / "meta.json").exists():
             return  # checked in setup(): reused if it matches, an error naming the mismatch otherwise
-        refs = document_refs(self.source)
-        self.tokenizer  # load it here: a missing tokenizer file is reported by name, not from inside a worker
+        if self.data_dir.exists() and any(self.data_dir.iterdir()):
+            raise FileExistsError(f"{self.data_dir} holds files but no meta.json (deleted, or not written by this "
+                                  f"data module): delete that folder to prepare the shards again, or set "
+                                  f"data.data_dir to another folder")
+        self._write(document_refs(self.source))
+
+    def _write(self, refs: list[str]) -> None:
+        """Shards of every split and meta.json, written to a temporary sibling and renamed into place."""
         block = self.seq_len + 1
         chunk = max(1, CHUNK_TOKENS // block) * block
+        _remove_stale_temporaries(self.data_dir)
         tmp = self.data_dir.with_name(f".{self.data_dir.name}.tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
+        workers_before = set(multiprocessing.active_children())
         try:
-            for split in SPLITS:
-                fn = functools.partial(tokenize_ref, tokenizer=self.tokenizer_spec, split=split,
-                                       val_fraction=self.val_fraction)
-                optimize(fn=fn, inputs=refs, output_dir=str(tmp / split), chunk_size=chunk,
-                         item_loader=TokensLoader(), num_workers=1, reorder_files=False, verbose=False,
-                         start_method=START_METHOD)
-            meta = self._expected_meta() | self._measure(refs, tmp)
+            with _interruptible():
+                for split in SPLITS:
+                    fn = functools.partial(tokenize_ref, tokenizer=self.tokenizer_spec, split=split,
+                                           val_fraction=self.val_fraction, test_fraction=self.test_fraction)
+                    optimize(fn=fn, inputs=refs, output_dir=str(tmp / split), chunk_size=chunk,
+                             item_loader=TokensLoader(), num_workers=1, reorder_files=False, verbose=False,
+                             start_method=START_METHOD)
+            meta = (self._expected_meta() | self._measure(refs, tmp)
+                    | {"tokenizer_fingerprint": self.tokenizer.fingerprint, "sha256": checksums(tmp, SPLITS)})
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
             tmp.parent.mkdir(parents=True, exist_ok=True)
             os.replace(tmp, self.data_dir)
+        except BaseException:  # KeyboardInterrupt included: no worker may outlive the preparation
+            _stop(set(multiprocessing.active_children()) - workers_before)
+            raise
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
     def _measure(self, refs: list[str], out: Path) -> dict:
-        """Tokens per split (from the indexes) and bytes per token of the validation text."""
-        tok, n_bytes, n_tokens = self.tokenizer, 0, 0
+        """Tokens per split (from the indexes), bytes per token of the validation text, skipped files reported."""
+        tok, n_bytes, n_tokens, undecodable = self.tokenizer, 0, 0, []
         for ref in refs:
-            for name, text in read_documents(ref):
-                if is_validation(name, self.val_fraction):
+            for name, text in read_documents(ref, undecodable):
+                if split_of(name, self.val_fraction, self.test_fraction) == "val":
                     n_bytes += len(text.encode("utf-8"))
                     n_tokens += len(tok.encode(text)) + 1
-        counts = {f"{split}_tokens": sum(c["dim"] for c in _read_index(out / split)["chunks"]) for split in SPLITS}
+        if undecodable:
+            warnings.warn(f"{len(undecodable)} of the {len(refs)} files of {self.source} are not UTF-8 text and were "
+                          f"skipped, e.g. {', '.join(undecodable[:UNDECODABLE_EXAMPLES])}", stacklevel=3)
+        counts = {f"{split}_tokens": split_tokens(out / split) for split in SPLITS}
         for split in SPLITS:
             if counts[f"{split}_tokens"] < self.seq_len + 1:
                 raise ValueError(f"the {split} split of {self.source} has {counts[f'{split}_tokens']} tokens, fewer "
                                  f"than one block of seq_len + 1 = {self.seq_len + 1}: add text or change "
-                                 f"val_fraction / seq_len")
-        return counts | {"vocab_size": tok.vocab_size, "bytes_per_token": n_bytes / max(n_tokens, 1)}
+                                 f"val_fraction / test_fraction / seq_len")
+        return counts | {"vocab_size": tok.vocab_size, "bytes_per_token": n_bytes / max(n_tokens, 1),
+                         "undecodable_files": len(undecodable)}
 
     # ---- reading -------------------------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
-        meta_path = self.data_dir / "meta.json"
-        if not meta_path.exists():
-            raise FileNotFoundError(f"no shards in {self.data_dir} ({meta_path} missing): set `source` to build "
-                                    f"them, or point data_dir at a folder written by this data module")
-        self.meta = json.loads(meta_path.read_text())
-        expected = self._expected_meta() if self.source is not None else {"seq_len": self.seq_len}
-        wrong = {k: (self.meta.get(k), v) for k, v in expected.items() if self.meta.get(k) != v}
-        if wrong:
-            raise ValueError(f"{meta_path} was written for other settings (field: (on disk, configured)): {wrong}; "
-                             f"use another data_dir or delete {self.data_dir}")
+        if not self._verified:
+            self._check_model_vocab()
+            self.meta = read_meta(self.data_dir)
+            self._check_settings()
+            self._check_tokenizer()
+            for split in SPLITS:
+                check_sizes(self.data_dir / split)
+            if self.verify_checksums:
+                check_checksums(self.data_dir, self.meta["sha256"])
+            self._verified = True
+        if stage in (None, "fit"):
+            self._check_one_batch()
         for split in SPLITS:
-            check_shards(self.data_dir / split)
             self.datasets[split] = StreamingDataset(
                 str(self.data_dir / split), item_loader=TokensLoader(block_size=self.seq_len + 1),
                 shuffle=(split == "train"), drop_last=(split == "train"), seed=self.seed)
+
+    def _check_settings(self) -> None:
+        wrong = {k: (self.meta.get(k), v) for k, v in self._expected_meta().items() if self.meta.get(k) != v}
+        if wrong:
+            raise ValueError(f"{self.data_dir / 'meta.json'} was written for other settings (field: (on disk, "
+                             f"configured)): {wrong}; use another data_dir or delete {self.data_dir}")
+
+    def _check_tokenizer(self) -> None:
+        made_with = self.meta.get("tokenizer_fingerprint")
+        if made_with != self.tokenizer.fingerprint:
+            raise ValueError(f"the shards in {self.data_dir} were made with tokenizer {self.meta.get('tokenizer')!r} "
+                             f"({made_with}), but data.tokenizer is {self.tokenizer_spec!r} "
+                             f"({self.tokenizer.fingerprint}): set data.tokenizer to the one the shards were made "
+                             f"with, or prepare new shards in another data_dir")
+
+    def _check_model_vocab(self) -> None:
+        """The model's embedding must cover every id the tokenizer produces (checked when a Trainer runs us). Loads
+        the tokenizer here: a missing file is reported by name, not from inside a worker."""
+        tokenizer = self.tokenizer
+        arch = getattr(getattr(self.trainer, "lightning_module", None), "arch", None)
+        vocab_size = getattr(arch, "vocab_size", None)
+        if vocab_size is not None and vocab_size < tokenizer.vocab_size:
+            raise ValueError(f"model.arch.vocab_size = {vocab_size} is smaller than the {tokenizer.vocab_size} ids "
+                             f"of data.tokenizer {self.tokenizer_spec!r}: set model.arch.vocab_size >= "
+                             f"{tokenizer.vocab_size}")
+
+    def _check_one_batch(self) -> None:
+        """Refuses a train split smaller than one batch on every device and loader worker (else Lightning runs
+        zero steps and exits 0)."""
+        devices = self.trainer.world_size if self.trainer is not None else 1
+        needed = self.batch_size * devices * max(1, self.num_workers)
+        blocks = split_blocks(self.data_dir / "train", self.seq_len + 1)
+        if blocks < needed:
+            raise ValueError(f"the train split in {self.data_dir} holds {blocks} blocks of seq_len + 1 = "
+                             f"{self.seq_len + 1} tokens, fewer than one batch: data.batch_size {self.batch_size} x "
+                             f"{devices} device(s) x {max(1, self.num_workers)} worker(s) = {needed}; add text, or "
+                             f"lower batch_size / seq_len / num_workers")
 
     def _loader(self, split: str) -> StreamingDataLoader:
         return StreamingDataLoader(self.datasets[split], batch_size=self.batch_size, num_workers=self.num_workers,
@@ -174,7 +257,7 @@ class TextDataModule(L.LightningDataModule):
         return self._loader("val")
 
     def test_dataloader(self):
-        return self._loader("val")
+        return self._loader("test")
 
     def predict_dataloader(self):
         """Batches of prompt strings (data.prompts, then the lines of data.prompts_file)."""
@@ -184,22 +267,63 @@ class TextDataModule(L.LightningDataModule):
         return DataLoader(prompts, batch_size=self.batch_size, collate_fn=list)
 
 
-def _read_index(split_dir: Path) -> dict:
-    index = split_dir / "index.json"
-    if not index.exists():
-        raise FileNotFoundError(f"shard index missing: {index}")
+def read_meta(data_dir: Path) -> dict:
+    """meta.json of a shard folder, or an error that names the file and says what to do."""
+    path = data_dir / "meta.json"
+    if not path.exists():
+        raise FileNotFoundError(f"no shards in {data_dir} ({path} missing): set `source` to build them, or point "
+                                f"data_dir at a folder written by this data module")
     try:
-        return json.loads(index.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"shard index is corrupt: {index} ({err})") from err
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is corrupt ({err}): delete {data_dir} to prepare the shards again") from err
+    if not isinstance(meta, dict) or "sha256" not in meta:
+        raise ValueError(f"{path} is not a shard description written by this version (no 'sha256' checksums): "
+                         f"delete {data_dir} to prepare the shards again")
+    return meta
 
 
-def check_shards(split_dir: Path) -> None:
-    """Every chunk file listed in the index exists with the size the index records."""
-    for chunk in _read_index(split_dir)["chunks"]:
-        path = split_dir / chunk["filename"]
-        if not path.exists():
-            raise FileNotFoundError(f"shard missing: {path} (listed in {split_dir / 'index.json'})")
-        if path.stat().st_size != chunk["chunk_bytes"]:
-            raise ValueError(f"shard corrupt: {path} has {path.stat().st_size} bytes, the index records "
-                             f"{chunk['chunk_bytes']}")
+def _remove_stale_temporaries(data_dir: Path) -> None:
+    """Temporary folders of preparations whose process is gone (killed before its own clean-up ran)."""
+    for tmp in data_dir.parent.glob(f".{data_dir.name}.tmp-*"):
+        pid = tmp.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _running(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
+@contextmanager
+def _interruptible():
+    """Ctrl-C during litdata's `optimize` raises KeyboardInterrupt, so our clean-up runs.
+
+    `optimize` installs a SIGINT handler that stops its queues and calls os._exit(0): the process ends with status 0,
+    no `finally` runs (the temporary folder stays), a busy worker is orphaned, and the handler stays installed for
+    the rest of the run (a later Ctrl-C in training would exit 0 too). Here its handler raises KeyboardInterrupt
+    instead, and the previous handler is restored afterwards."""
+    previous_handler, litdata_handler = signal.getsignal(signal.SIGINT), DataProcessor._signal_handler
+    DataProcessor._signal_handler = _raise_keyboard_interrupt
+    try:
+        yield
+    finally:
+        DataProcessor._signal_handler = litdata_handler
+        signal.signal(signal.SIGINT, previous_handler)
+
+
+def _raise_keyboard_interrupt(processor, signum, frame):
+    raise KeyboardInterrupt
+
+
+def _stop(processes: set) -> None:
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.join(timeout=5)

@@ -10,9 +10,10 @@ Decisions:
 - Init as in xLSTM: input-gate bias igate_bias_init (-10: writes start small), forget-gate biases spread linearly
   over the heads in fgate_bias_init (3..6: from ~50 to ~400 steps of memory).
 - The per-head norm after the cell cancels the cell's normaliser scale; that is why gradients of the cell's forms are
-  compared after this norm (DESIGN.md section 3).
+  compared after this norm (docs/design.md section 3).
 - Streaming inference passes a RecurrentCache: a chunk continues from its state with the chunkwise form, a single
-  token with the recurrent step. Padding tokens (positions < 0) get input gate 0 and forget gate 1: the state stays as is.
+  token with the recurrent step. Padding tokens (positions < 0) get input gate 0 and forget gate 1: the state stays
+  as is.
 """
 from __future__ import annotations
 

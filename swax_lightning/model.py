@@ -7,8 +7,8 @@ Decisions:
 - One block class for every layer kind; only the mixer differs, chosen by the pattern letter.
 - Plain single-device PyTorch (torchtitan's rule): no distribution, logging or kernel choice in here. Sharding wraps
   `model.blocks` from outside; kernels are picked in kernels/.
-- `set_window(w)` changes the window of every sliding-window layer at once (one window per step, DESIGN.md section 1);
-  `set_sinks(n)` their sink count (an inference-time override).
+- `set_window(w)` changes the window of every sliding-window layer at once (one window per step, docs/design.md
+  section 1); `set_sinks(n)` their sink count (an inference-time override).
 - The same forward serves streaming inference when given per-block caches and positions (swax_lightning/cache.py,
   swax_lightning/inference.py).
 - Logits are soft-capped (xLSTM-7B) and returned in fp32 (fp64 for an fp64 model) for a stable cross-entropy.
@@ -24,9 +24,9 @@ import torch.nn as nn
 from kernels.mlstm.naive import fp32
 from swax_lightning.config import ModelConfig
 from swax_lightning.deltanet import GatedDeltaNetLayer
+from swax_lightning.layers import MultiHeadRMSNorm, SwiGLU
 from swax_lightning.mlstm import MLSTMLayer
 from swax_lightning.swa import Attention
-from swax_lightning.layers import MultiHeadRMSNorm, SwiGLU
 
 
 def make_mixer(kind: str, cfg: ModelConfig) -> nn.Module:

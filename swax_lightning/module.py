@@ -22,9 +22,9 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 import lightning as L
-from lightning.pytorch.strategies import ModelParallelStrategy
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.strategies import ModelParallelStrategy
 from torchmetrics.aggregation import MeanMetric
 
 from swax_lightning.config import ConfigError, ModelConfig

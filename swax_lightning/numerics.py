@@ -57,7 +57,8 @@ class NumericsGuard(Callback):
         if not bad:
             self.skipped_in_a_row = 0
             return
-        what = f"non-finite loss or gradient at step {trainer.global_step} (loss {self._last_loss}, gradient norm {norm})"
+        what = (f"non-finite loss or gradient at step {trainer.global_step} (loss {self._last_loss}, "
+                f"gradient norm {norm})")
         self.skipped_in_a_row += 1
         if self.action == "stop" or self.skipped_in_a_row > self.max_skips:
             raise NonFiniteError(f"{what}: training stopped before the weights changed; the checkpoints hold the last "

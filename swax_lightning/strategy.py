@@ -33,8 +33,9 @@ def mesh_shape(sharding: str, num_nodes: int, devices: int, shard_size: int | No
     world = num_nodes * devices
     if sharding == "full":
         if shard_size not in (None, world):
-            raise ValueError(f"FSDP2Strategy.shard_size ({shard_size}) applies to sharding: hybrid; with sharding: full "
-                             f"every rank shards (world size = num_nodes {num_nodes} x devices {devices} = {world})")
+            raise ValueError(f"FSDP2Strategy.shard_size ({shard_size}) applies to sharding: hybrid; with "
+                             f"sharding: full every rank shards (world size = num_nodes {num_nodes} x devices "
+                             f"{devices} = {world})")
         return (world,)
     if sharding != "hybrid":
         raise ValueError(f"FSDP2Strategy.sharding must be 'full' or 'hybrid' (got {sharding!r})")
@@ -58,9 +59,10 @@ def refuse_replica_mesh(strategy) -> None:
 
 
 def replica_mesh_message(dp: int, tp: int, world: int) -> str:
-    return (f"ModelParallelStrategy: data_parallel_size ({dp}) x tensor_parallel_size ({tp}) must be data_parallel_size "
-            f"= world size ({world}) x tensor_parallel_size 1: SWAX models have no tensor-parallel plan, so each rank "
-            "would train its own replica; use --trainer.strategy fsdp2 (or hsdp), which sets the mesh itself")
+    return (f"ModelParallelStrategy: data_parallel_size ({dp}) x tensor_parallel_size ({tp}) must be "
+            f"data_parallel_size = world size ({world}) x tensor_parallel_size 1: SWAX models have no tensor-parallel "
+            "plan, so each rank would train its own replica; use --trainer.strategy fsdp2 (or hsdp), which sets the "
+            "mesh itself")
 
 
 class FSDP2Strategy(ModelParallelStrategy):

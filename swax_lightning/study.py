@@ -6,13 +6,13 @@
 
 An arm is a config file of the folder (every .yaml except those starting with "_", which hold the shared settings
 the arms extend). Each (arm, seed) is one run, `runs/<folder name>/<arm file name>-s<seed>/`: `main.py fit` with
-`--seed_everything <seed>` (and the run's --experiment/--arm), then `main.py test` of its last.ckpt. The runs go one after another (a laptop has the
-cores for one), each in its own process, exactly the commands a user would type.
+`--seed_everything <seed>` (and the run's --experiment/--arm), then `main.py test` of its last.ckpt. The runs go one
+after another (a laptop has the cores for one), each in its own process, exactly the commands a user would type.
 
 Decisions:
 - Resumable: a run whose eval/results.json exists is skipped; a run whose fit did not finish (no fit.done marker)
-  resumes from its last.ckpt when there is one; anything else starts fresh. Stopping the command loses at most the run in progress'
-  steps since its last checkpoint.
+  resumes from its last.ckpt when there is one; anything else starts fresh. Stopping the command loses at most the
+  steps of the run in progress since its last checkpoint.
 - The collected results come from each run's own files: eval/results.json (NIAH, answer loss by distance) and the
   TensorBoard scalars val/loss (last validation of fit) and test/loss, so `collect` needs no state of its own.
 - Report (in runs/<experiment>/): study.md, a table per arm and seed (validation loss, NIAH accuracy per length with

@@ -6,7 +6,7 @@ Decisions:
   between steps with no rebuild and it is never saved in a checkpoint (it is a run-time setting; the config's
   `window` is the evaluation default). A full-attention layer has window None; SWAXModel.set_window and set_sinks
   change only the sliding layers.
-- RoPE at absolute positions (DESIGN.md section 2), so a query's relative view is the same at any offset.
+- RoPE at absolute positions (docs/design.md section 2), so a query's relative view is the same at any offset.
 - GQA: n_kv_heads key/value heads shared by groups of query heads.
 - The attention itself is `kernels.sliding_window_attention`: the blocked O(T * W) PyTorch path on CPU, the Triton
   kernel on CUDA tensors (kernels/ chooses). The model never sees which.

@@ -1,5 +1,5 @@
 """Test-wide setup. Triton kernels run on CPU tensors through the Triton interpreter, which must be switched on before
-triton is first imported (../shared/DESIGN.md section 5)."""
+triton is first imported (docs/design.md section 5)."""
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")

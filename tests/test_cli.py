@@ -49,7 +49,8 @@ def test_fit_then_test_from_checkpoint(tmp_path):
 # The evaluation suite at CI size (the README's figures come from configs/base/tiny_eval.yaml, out to 131k tokens).
 SMALL_EVAL = ["--eval.niah_tasks", "[niah_single_1, niah_multikey_2]", "--eval.niah_lengths", "[1024, 2048]",
               "--eval.niah_samples", "2", "--eval.niah_depths", "4", "--eval.babilong_tasks", "[qa1, qa4]",
-              "--eval.babilong_lengths", "[0, 2048]", "--eval.perplexity_len", "512", "--eval.perplexity_samples", "2", "--eval.max_new_tokens",
+              "--eval.babilong_lengths", "[0, 2048]", "--eval.perplexity_len", "512", "--eval.perplexity_samples", "2",
+              "--eval.max_new_tokens",
               "16"]
 
 

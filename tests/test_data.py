@@ -1,12 +1,22 @@
-"""Data: shards written and read back, exact mid-epoch resume, clear errors for missing or corrupt data."""
+"""Data: shards written and read back, exact mid-epoch resume, and every way data can go wrong refused at start with
+a line naming the file or field (changed content, meta.json problems, tokenizer mismatches, too little text)."""
 import json
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from litdata import StreamingDataset, TokensLoader
 
-from swax_lightning.corpus import document_refs, is_validation, read_documents
-from swax_lightning.data import TextDataModule
+from swax_lightning.corpus import document_refs, read_documents, split_of
+from swax_lightning.data import TextDataModule, _running
 from swax_lightning.tokenizer import ByteTokenizer
 
 SEQ = 31
@@ -26,22 +36,29 @@ def source(tmp_path_factory):
 @pytest.fixture(scope="module")
 def prepared(source, tmp_path_factory):
     dm = TextDataModule(source=str(source), data_dir=str(tmp_path_factory.mktemp("shards") / "d"), seq_len=SEQ,
-                        batch_size=4, val_fraction=0.2)
+                        batch_size=4, val_fraction=0.2, test_fraction=0.2)
     dm.prepare_data()
     dm.setup("fit")
     return dm
+
+
+def _reuse(prepared, **overrides):
+    """A data module over the prepared shards (same settings unless overridden)."""
+    settings = dict(source=prepared.source, data_dir=str(prepared.data_dir), seq_len=SEQ, batch_size=4,
+                    val_fraction=0.2, test_fraction=0.2) | overrides
+    return TextDataModule(**settings)
 
 
 def _stream(source, split):
     tok, ids = ByteTokenizer(), []
     for ref in document_refs(str(source)):
         for name, text in read_documents(ref):
-            if is_validation(name, 0.2) == (split == "val"):
+            if split_of(name, 0.2, 0.2) == split:
                 ids += tok.encode(text) + [tok.eos_id]
     return ids
 
 
-@pytest.mark.parametrize("split", ["train", "val"])
+@pytest.mark.parametrize("split", ["train", "val", "test"])
 def test_shards_read_back_as_the_token_stream(prepared, source, split):
     ds = StreamingDataset(str(prepared.data_dir / split), item_loader=TokensLoader(block_size=SEQ + 1))
     blocks = [ds[i].tolist() for i in range(len(ds))]
@@ -54,9 +71,15 @@ def test_shards_read_back_as_the_token_stream(prepared, source, split):
 
 def test_splits_are_disjoint_by_document(source):
     names = [n for ref in document_refs(str(source)) for n, _ in read_documents(ref)]
-    val = {n for n in names if is_validation(n, 0.2)}
-    assert 0 < len(val) < len(names)
-    assert len(names) == 40 + 1 + 10
+    splits = {split: {n for n in names if split_of(n, 0.2, 0.2) == split} for split in ("train", "val", "test")}
+    assert all(splits.values()) and sum(map(len, splits.values())) == len(names) == 40 + 1 + 10
+
+
+def test_test_loader_reads_the_test_split_not_validation(prepared, source):
+    """test/loss is held-out text: the test loader streams the test documents, none of the validation ones."""
+    streamed = [t for batch in prepared.test_dataloader() for block in batch.tolist() for t in block]
+    assert streamed == _stream(source, "test")[:len(streamed)] and streamed
+    assert streamed[:SEQ + 1] != _stream(source, "val")[:SEQ + 1]
 
 
 def test_bytes_per_token_of_byte_tokenizer(prepared):
@@ -73,8 +96,7 @@ def test_mid_epoch_resume_yields_exactly_the_remaining_blocks(prepared):
         if i == 2:
             break
     state = loader.state_dict()
-    resumed = TextDataModule(source=prepared.source, data_dir=str(prepared.data_dir), seq_len=SEQ, batch_size=4,
-                             val_fraction=0.2)
+    resumed = _reuse(prepared)
     resumed.setup("fit")
     loader2 = resumed.train_dataloader()
     loader2.load_state_dict(state)
@@ -86,8 +108,7 @@ def test_mid_epoch_resume_yields_exactly_the_remaining_blocks(prepared):
 
 def test_reuses_shards_and_rejects_mismatched_settings(prepared):
     prepared.prepare_data()  # already there: a no-op
-    other = TextDataModule(source=prepared.source, data_dir=str(prepared.data_dir), seq_len=SEQ + 1,
-                           val_fraction=0.2)
+    other = _reuse(prepared, seq_len=SEQ + 1)
     with pytest.raises(ValueError, match="seq_len"):
         other.setup("fit")
 
@@ -116,8 +137,6 @@ def test_too_little_text_fails_without_writing(tmp_path):
 
 @pytest.mark.parametrize("damage", ["truncate", "delete", "index"])
 def test_corrupt_or_missing_shard_is_named(prepared, tmp_path, damage):
-    import shutil
-
     copy = tmp_path / "copy"
     shutil.copytree(prepared.data_dir, copy)
     chunk = sorted((copy / "train").glob("chunk-*.bin"))[0]
@@ -127,15 +146,16 @@ def test_corrupt_or_missing_shard_is_named(prepared, tmp_path, damage):
         chunk.unlink()
     else:
         (copy / "train" / "index.json").write_text("{not json")
-    dm = TextDataModule(source=prepared.source, data_dir=str(copy), seq_len=SEQ, val_fraction=0.2)
+    dm = _reuse(prepared, data_dir=str(copy))
     expected = "index.json" if damage == "index" else chunk.name
     with pytest.raises((ValueError, FileNotFoundError), match=expected):
         dm.setup("fit")
 
 
-def test_hf_tokenizer_json_trained_offline(source, tmp_path):
-    """A byte-level BPE trained here with HF tokenizers (no download) drives the whole data path."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
+@pytest.fixture(scope="module")
+def bpe(source, tmp_path_factory):
+    """A byte-level BPE tokenizer.json trained here with HF tokenizers (no download)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -143,13 +163,21 @@ def test_hf_tokenizer_json_trained_offline(source, tmp_path):
     tok.train([str(p) for p in sorted(source.glob("*.txt"))],
               trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    path = tmp_path / "tokenizer.json"
+    path = tmp_path_factory.mktemp("bpe") / "tokenizer.json"
     tok.save(str(path))
-    dm = TextDataModule(source=str(source), tokenizer=str(path), data_dir=str(tmp_path / "d"), seq_len=15,
-                        batch_size=2, val_fraction=0.2)
+    return path
+
+
+def test_hf_tokenizer_json_trained_offline(source, bpe, tmp_path):
+    """A BPE tokenizer.json drives the whole data path."""
+    from tokenizers import Tokenizer
+
+    dm = TextDataModule(source=str(source), tokenizer=str(bpe), data_dir=str(tmp_path / "d"), seq_len=15,
+                        batch_size=2, val_fraction=0.2, test_fraction=0.2)
     dm.prepare_data()
     dm.setup("fit")
-    assert dm.tokenizer.vocab_size <= 300 and dm.tokenizer.eos_id == tok.token_to_id("<|endoftext|>")
+    eos = Tokenizer.from_file(str(bpe)).token_to_id("<|endoftext|>")
+    assert dm.tokenizer.vocab_size <= 300 and dm.tokenizer.eos_id == eos
     assert dm.meta["bytes_per_token"] > 1.5  # BPE merges bytes
     batch = next(iter(dm.train_dataloader()))
     assert batch.shape == (2, 16) and int(batch.long().max()) < dm.tokenizer.vocab_size
@@ -160,3 +188,152 @@ def test_missing_tokenizer_file_is_named(tmp_path):
     dm = TextDataModule(source="embedded", tokenizer=str(tmp_path / "nope.json"), data_dir=str(tmp_path / "d"))
     with pytest.raises(FileNotFoundError, match="nope.json"):
         dm.prepare_data()
+
+
+def _copy(prepared, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(prepared.data_dir, copy)
+    return copy
+
+
+@pytest.mark.parametrize("ids", ["random valid ids", "out-of-vocabulary ids"])
+def test_shard_that_kept_its_size_but_not_its_content_is_named(prepared, tmp_path, ids):
+    """The size check alone trained on such data (or crashed hundreds of steps later with a bare IndexError)."""
+    copy = _copy(prepared, tmp_path)
+    chunk = sorted((copy / "train").glob("chunk-*.bin"))[-1]
+    data = np.frombuffer(chunk.read_bytes(), dtype=np.uint8).copy()
+    n_tokens = 64
+    new = np.random.default_rng(0).integers(0, 256, n_tokens) if ids == "random valid ids" else \
+        np.full(n_tokens, 65535)
+    data[-2 * n_tokens:] = new.astype(np.uint16).view(np.uint8)  # the last tokens of the chunk (uint16 ids)
+    chunk.write_bytes(data.tobytes())
+    with pytest.raises(ValueError, match=f"shard corrupt: .*{chunk.name}"):
+        _reuse(prepared, data_dir=str(copy)).setup("fit")
+
+
+def test_deleted_meta_json_is_refused_before_any_tokenisation(prepared, tmp_path, monkeypatch):
+    copy = _copy(prepared, tmp_path)
+    (copy / "meta.json").unlink()
+    monkeypatch.setattr("swax_lightning.data.optimize", None)  # any attempt to write shards would fail otherwise
+    with pytest.raises(FileExistsError, match="no meta.json"):
+        _reuse(prepared, data_dir=str(copy)).prepare_data()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy"]
+
+
+def test_corrupt_meta_json_is_named(prepared, tmp_path):
+    copy = _copy(prepared, tmp_path)
+    (copy / "meta.json").write_text('{"seq_len": 3')
+    with pytest.raises(ValueError, match="meta.json is corrupt"):
+        _reuse(prepared, data_dir=str(copy)).setup("fit")
+
+
+def test_other_tokenizer_than_the_shards_were_made_with_is_refused(prepared, bpe):
+    """With source null the shards are used as they are: a different tokenizer would train and decode garbage."""
+    dm = TextDataModule(source=None, tokenizer=str(bpe), data_dir=str(prepared.data_dir), seq_len=SEQ)
+    with pytest.raises(ValueError, match=f"made with tokenizer 'byte'.*data.tokenizer is '{bpe}'"):
+        dm.setup("fit")
+
+
+def test_train_split_smaller_than_one_batch_is_refused(prepared):
+    """Lightning would run zero steps and exit 0 ("No training batches")."""
+    with pytest.raises(ValueError, match="fewer than one batch"):
+        _reuse(prepared, batch_size=10_000).setup("fit")
+
+
+def test_vocab_size_smaller_than_the_tokenizer_fails_before_preparation(source, tmp_path):
+    """Was a bare IndexError in the first training step, after the shards were written."""
+    import lightning as L
+
+    from swax_lightning.module import LanguageModule
+
+    dm = TextDataModule(source=str(source), data_dir=str(tmp_path / "d"), seq_len=SEQ, batch_size=2,
+                        val_fraction=0.2, test_fraction=0.2)
+    model = LanguageModule(arch={"vocab_size": 256, "d_model": 32, "n_layers": 2, "n_heads": 2, "mlstm_heads": 2})
+    trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    with pytest.raises(ValueError, match="model.arch.vocab_size = 256 .* 257 ids"):
+        trainer.fit(model, datamodule=dm)
+    assert not (tmp_path / "d").exists()
+
+
+def test_files_that_are_not_utf8_are_reported(source, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(source, src)
+    for name in ("latin1_a.txt", "latin1_b.txt"):
+        (src / name).write_bytes("caf\xe9 cr\xe8me ".encode("latin-1") * 10)
+    dm = TextDataModule(source=str(src), data_dir=str(tmp_path / "d"), seq_len=SEQ, val_fraction=0.2,
+                        test_fraction=0.2)
+    with pytest.warns(UserWarning, match="2 of the 44 files .* not UTF-8 .*latin1_a.txt"):
+        dm.prepare_data()
+    dm.setup("fit")
+    assert dm.meta["undecodable_files"] == 2
+
+
+def _sleep_forever():
+    time.sleep(600)
+
+
+def test_interrupted_preparation_leaves_no_folder_and_no_worker(source, tmp_path, monkeypatch):
+    workers = []
+
+    def interrupted_optimize(output_dir, **kwargs):
+        Path(output_dir).mkdir(parents=True)
+        worker = multiprocessing.get_context("fork").Process(target=_sleep_forever)
+        worker.start()
+        workers.append(worker)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("swax_lightning.data.optimize", interrupted_optimize)
+    dm = TextDataModule(source=str(source), data_dir=str(tmp_path / "d"), seq_len=SEQ)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            dm.prepare_data()
+        assert not workers[0].is_alive()
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        workers[0].kill()  # a failing run must not leave the sleeper behind
+
+
+INTERRUPTED_PREPARATION = """
+import os, signal, sys, time
+import swax_lightning.data as data
+
+def interrupting(ref, **settings):  # the litdata worker: Ctrl-C reaches the preparing process while it is busy
+    with open(sys.argv[2], "w") as f:
+        f.write(str(os.getpid()))
+    os.kill(os.getppid(), signal.SIGINT)
+    time.sleep(60)
+    yield from ()
+
+data.tokenize_ref = interrupting
+data.TextDataModule(source=sys.argv[1], data_dir=sys.argv[3], seq_len=31).prepare_data()
+"""
+
+
+def test_ctrl_c_inside_litdata_fails_and_leaves_no_folder_and_no_worker(source, tmp_path):
+    """litdata's own SIGINT handler exited with status 0, kept the temporary folder and orphaned the worker."""
+    script, worker_pid, out = tmp_path / "prepare.py", tmp_path / "worker.pid", tmp_path / "out"
+    script.write_text(INTERRUPTED_PREPARATION)
+    result = subprocess.run([sys.executable, str(script), str(source), str(worker_pid), str(out / "d")],
+                            capture_output=True, text=True, timeout=300,
+                            env=os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    worker = int(worker_pid.read_text())
+    try:
+        assert result.returncode != 0 and "KeyboardInterrupt" in result.stderr, result.stderr[-2000:]
+        assert list(out.iterdir()) == []
+        deadline = time.time() + 10
+        while _running(worker) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not _running(worker)
+    finally:
+        if _running(worker):
+            os.kill(worker, signal.SIGKILL)
+
+
+def test_temporary_folder_of_a_killed_preparation_is_removed(prepared, tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = tmp_path / f".d.tmp-{dead.pid}"
+    (stale / "train").mkdir(parents=True)
+    _reuse(prepared, data_dir=str(tmp_path / "d")).prepare_data()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]

@@ -27,7 +27,8 @@ from tests.train_probe import read_records
 
 ROOT = Path(__file__).resolve().parents[1]
 # The README's 2-process rehearsal of a cluster run (tests/test_distributed.py checks that the README prints it).
-REHEARSAL = ".venv/bin/python main.py fit --config configs/tiny_stochastic.yaml --trainer.devices 2 --trainer.strategy fsdp2"
+REHEARSAL = (".venv/bin/python main.py fit --config configs/tiny_stochastic.yaml --trainer.devices 2 "
+             "--trainer.strategy fsdp2")
 STEPS, PER_RANK_BATCH = 6, 2
 pytestmark = pytest.mark.slow
 
@@ -196,8 +197,9 @@ def test_consolidated_checkpoint_loads_in_generate_and_resumes_one_process(tmp_p
     assert run.returncode == 0 and full.is_file(), run.stderr[-2000:]
     model, tokenizer = load_model(full)
     assert torch.isfinite(model(torch.tensor([tokenizer.encode("def main(")]))).all()
-    resumed = _run([sys.executable, str(ROOT / "main.py"), "fit", "--config", str(ROOT / "configs/tiny_stochastic.yaml"),
-                    *_args(tmp_path, data_dir, tmp_path / "records"), "--data.batch_size", str(2 * PER_RANK_BATCH),
-                    "--trainer.max_steps", str(STEPS + 2), "--ckpt_path", str(full)])
+    resumed = _run([sys.executable, str(ROOT / "main.py"), "fit", "--config",
+                    str(ROOT / "configs/tiny_stochastic.yaml"), *_args(tmp_path, data_dir, tmp_path / "records"),
+                    "--data.batch_size", str(2 * PER_RANK_BATCH), "--trainer.max_steps", str(STEPS + 2),
+                    "--ckpt_path", str(full)])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert sorted(read_records(tmp_path / "records")[0]["steps"]) == [STEPS, STEPS + 1]

@@ -73,7 +73,8 @@ def test_every_length_depth_cell_gets_the_same_count():
         assert min(depths) < 0.25 and max(depths) > 0.75
     with pytest.raises(ValueError, match="niah_samples"):
         EvalSuite(niah_tasks=["niah_single_1", "niah_single_2"], niah_samples=3)
-    assert EvalSuite(niah_tasks=["niah_single_1"], niah_samples=4, niah_depths=4).niah_depths == pytest.approx([0, 1 / 3, 2 / 3, 1], abs=1e-6)
+    suite = EvalSuite(niah_tasks=["niah_single_1"], niah_samples=4, niah_depths=4)
+    assert suite.niah_depths == pytest.approx([0, 1 / 3, 2 / 3, 1], abs=1e-6)
 
 
 def test_a_sample_regenerates_from_its_recorded_arguments(capsys):

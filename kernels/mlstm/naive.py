@@ -1,6 +1,6 @@
 """Reference forms of the mLSTM cell: parallel (quadratic) and recurrent (one step at a time).
 
-Equations (../shared/DESIGN.md section 3), per head, with q already scaled by 1/sqrt(DQK) inside these functions:
+Equations (docs/design.md section 3), per head, with q already scaled by 1/sqrt(DQK) inside these functions:
     lf_t = logsigmoid(f~_t)
     m_t  = max(lf_t + m_{t-1}, i~_t)
     C_t  = exp(lf_t + m_{t-1} - m_t) C_{t-1} + exp(i~_t - m_t) k_t v_t^T
@@ -31,7 +31,7 @@ class MLSTMState(NamedTuple):
     m: torch.Tensor  # [B, H] fp32
 
     @staticmethod
-    def zeros(batch: int, heads: int, dqk: int, dv: int, like: torch.Tensor) -> "MLSTMState":
+    def zeros(batch: int, heads: int, dqk: int, dv: int, like: torch.Tensor) -> MLSTMState:
         """The empty state, in fp32 (fp64 when `like` is fp64) on `like`'s device."""
         opts = dict(dtype=fp32(like).dtype, device=like.device)
         return MLSTMState(torch.zeros(batch, heads, dqk, dv, **opts), torch.zeros(batch, heads, dqk, **opts),

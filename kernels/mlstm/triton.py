@@ -11,7 +11,7 @@ Forward (chunks of L steps; b_t = cumulative log forget gate inside a chunk, g =
    It saves m_t and N_t for the backward.
 
 Backward. The stabiliser m and the normaliser N_t are treated as constants: h is invariant to m, and the per-head
-norm that follows the cell in every mLSTM layer cancels N_t (../shared/DESIGN.md section 3), so gradients agree with
+norm that follows the cell in every mLSTM layer cancels N_t (docs/design.md section 3), so gradients agree with
 the reference after that norm. With a_ts = e^{F_t - F_s + i_s - m_t} / N_t:
     dq_t = sum_s a_ts (dh_t.v_s) k_s + e_t C_in^T dh_t,    dk_s = sum_t a_ts (dh_t.v_s) q_t + w_s dC_end v_s,
     dv_s = sum_t a_ts (q_t.k_s) dh_t + w_s dC_end^T k_s,

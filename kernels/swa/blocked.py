@@ -1,6 +1,6 @@
 """Sliding-window attention in PyTorch at O(T * W) cost: blocked local attention (the CPU path, and autograd-exact).
 
-Algorithm (../shared/DESIGN.md section 4). The sequence is cut into blocks of L >= W queries. A query at position t
+Algorithm (docs/design.md section 4). The sequence is cut into blocks of L >= W queries. A query at position t
 needs keys t-W+1 .. t, which all lie in its own block or the block before it, so each query block attends to the
 concatenation [sink keys | previous block | own block] (n_sink + 2L keys) in one batched SDPA call with a small
 [L, n_sink + 2L] mask per block. Work is T * (n_sink + 2L), linear in T.

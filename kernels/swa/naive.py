@@ -3,7 +3,7 @@
 It builds the full T x T boolean mask and calls SDPA once, so it costs O(T^2) time and memory. It exists for tests and
 for reading: every fast path (the blocked PyTorch path, the Triton kernel) is compared against it.
 
-Convention (../shared/DESIGN.md section 2): a window W is the number of keys a query sees, the current token
+Convention (docs/design.md section 2): a window W is the number of keys a query sees, the current token
 included, so query t sees keys max(0, t-W+1) .. t, plus keys 0 .. n_sink-1 when sinks are on. W = None or W >= T is
 full causal attention.
 """

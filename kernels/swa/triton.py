@@ -12,17 +12,16 @@ Backward: delta = rowsum(dO * O) (PyTorch), then
 - dk/dv kernel: one program per key block and key/value head; it loops over the query heads of its GQA group and
   over the query blocks that can see it (its own window span, and all later blocks for the sink block), so no
   atomics are needed: dv += P^T dO, dk += dS^T Q.
-Visibility of key s for query t (../shared/DESIGN.md section 2): s <= t and (t - s < W or s < n_sink).
+Visibility of key s for query t (docs/design.md section 2): s <= t and (t - s < W or s < n_sink).
 
 Block sizes: BLOCK_M = BLOCK_N = 64 (BLOCK_N is also the largest supported n_sink), 4 warps; one configuration, since
-`@triton.autotune` over several configurations fails under the interpreter (DESIGN.md section 5). Dots take their
+`@triton.autotune` over several configurations fails under the interpreter (docs/design.md section 5). Dots take their
 operands in the input dtype (bf16/fp16 tensor cores; probabilities and dS are cast to it, as in FlashAttention) and
 accumulate in fp32; softmax statistics are fp32; outputs take the input dtype. Only bf16 on a CPU (the interpreter,
 which computes bf16 wrongly) is upcast to fp32 right after loading. Any T (masked tails), head dims that are powers of
 two from 16 to 256, GQA.
 """
 from __future__ import annotations
-
 
 import torch
 import triton

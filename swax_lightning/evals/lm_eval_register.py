@@ -2,8 +2,9 @@
 
 lm-eval 0.4.13 looks models up in its registry only (no entry points), and its command line builds the model before
 it loads any task file, so the name must be registered when Python starts: lm_eval_plugin/sitecustomize.py runs
-this file when that folder is on PYTHONPATH. It imports nothing of swax_lightning, whose package imports torch. The registration is a lazy "module:class" placeholder, which the
-harness imports on first use (and which the adapter's own @register_model upgrades in place).
+this file when that folder is on PYTHONPATH. It imports nothing of swax_lightning, whose package imports torch. The
+registration is a lazy "module:class" placeholder, which the harness imports on first use (and which the adapter's
+own @register_model upgrades in place).
 """
 from __future__ import annotations
 

@@ -72,5 +72,6 @@ def _bucket(lo: int, hi: int, rows: list[dict]) -> dict:
     mean = sum(losses) / n
     sd = math.sqrt(sum((x - mean) ** 2 for x in losses) / (n - 1)) if n > 1 else 0.0
     exact = 100.0 * sum(r["exact"] for r in rows) / n
-    return {"from": lo, "to": hi, "loss": mean, "loss_ci95": [mean - Z95 * sd / math.sqrt(n), mean + Z95 * sd / math.sqrt(n)],
+    half = Z95 * sd / math.sqrt(n)
+    return {"from": lo, "to": hi, "loss": mean, "loss_ci95": [mean - half, mean + half],
             "exact": exact, "exact_ci95": wilson_interval(exact, n), "n": n}

@@ -141,9 +141,10 @@ def markdown(results: dict) -> str:
                   for r in results["perplexity"]]
         lines.append("")
     if "recall" in results:
-        lines += ["## Answer-token loss by recall distance\n", "Distance: characters between the fact and its question; "
-                  "loss: mean cross-entropy of the answer's tokens (nats) [95% interval]; exact: all answer tokens "
-                  "top-1, % [95% Wilson interval].\n", "| distance | loss | exact | n |", "|---|---|---|---|"]
+        lines += ["## Answer-token loss by recall distance\n",
+                  "Distance: characters between the fact and its question; loss: mean cross-entropy of the answer's "
+                  "tokens (nats) [95% interval]; exact: all answer tokens top-1, % [95% Wilson interval].\n",
+                  "| distance | loss | exact | n |", "|---|---|---|---|"]
         lines += [f"| {r['from']}-{r['to']} | {r['loss']:.3f} [{r['loss_ci95'][0]:.3f}, {r['loss_ci95'][1]:.3f}] | "
                   f"{r['exact']:.1f} [{r['exact_ci95'][0]:.0f}, {r['exact_ci95'][1]:.0f}] | {r['n']} |"
                   for r in results["recall"]["buckets"]]
