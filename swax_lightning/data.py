@@ -17,6 +17,8 @@ Decisions:
   the field or file: the model's vocab_size against the tokenizer's, the configured tokenizer against the one the
   shards were made with (by content fingerprint), each shard's size and content checksum (shards.py), and a train
   split holding at least one batch per device and worker.
+- `recall` adds synthetic long-range recall documents (recall.py) to the training split only, so validation and test
+  losses stay those of the source's text; meta.json records their tokens and share of the training split.
 - Resume mid-epoch is Lightning's: it saves the StreamingDataLoader state in the checkpoint.
 - Bits per byte needs bytes per token; it is measured on the validation split when the shards are written and kept
   in meta.json (exactly 1 minus the end-of-text share for the byte tokenizer).
@@ -33,6 +35,7 @@ import signal
 import sys
 import warnings
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 
 import lightning as L
@@ -43,9 +46,11 @@ from torch.utils.data import DataLoader
 
 from swax_lightning.corpus import EMBEDDED, document_refs, read_documents, split_of
 from swax_lightning.inference import read_prompts
+from swax_lightning.recall import RecallMix, training_document
 from swax_lightning.shards import check_checksums, check_sizes, checksums, split_blocks, split_tokens
 from swax_lightning.tokenizer import load_tokenizer
 
+RECALL_PREFIX = "recall:"
 SPLITS = ("train", "val", "test")
 CHUNK_TOKENS = 1 << 22  # ~4M tokens per shard file, rounded down to whole blocks
 # fork needs no importable __main__ (notebooks, stdin, pytest) and starts fast; macOS keeps its default (spawn).
@@ -58,13 +63,18 @@ def _tokenizer(spec: str):
     return load_tokenizer(spec)
 
 
-def tokenize_ref(ref: str, tokenizer: str, split: str, val_fraction: float, test_fraction: float):
-    """litdata `optimize` worker: yields one token array per document of `ref` that belongs to `split`."""
+def tokenize_ref(ref: str, tokenizer: str, split: str, val_fraction: float, test_fraction: float,
+                 recall: dict | None = None):
+    """litdata `optimize` worker: yields one token array per document of `ref` that belongs to `split` (a recall
+    document, ref "recall:<index>", belongs to the training split)."""
     tok = _tokenizer(tokenizer)
     dtype = np.uint16 if tok.vocab_size <= 1 << 16 else np.int32
-    for name, text in read_documents(ref):
-        if split_of(name, val_fraction, test_fraction) == split:
-            yield np.asarray(tok.encode(text) + [tok.eos_id], dtype=dtype)
+    if ref.startswith(RECALL_PREFIX):
+        texts = [training_document(int(ref[len(RECALL_PREFIX):]), RecallMix(**recall))[0]]
+    else:
+        texts = [text for name, text in read_documents(ref) if split_of(name, val_fraction, test_fraction) == split]
+    for text in texts:
+        yield np.asarray(tok.encode(text) + [tok.eos_id], dtype=dtype)
 
 
 class TextDataModule(L.LightningDataModule):
@@ -84,13 +94,15 @@ class TextDataModule(L.LightningDataModule):
         seed: Shuffle seed of the training stream.
         verify_checksums: Compare every shard's sha256 with the one recorded at preparation before using it (reads
             the shards once, ~1 GB/s; sizes are always checked).
+        recall: Synthetic long-range recall documents added to the training split (swax_lightning/recall.py:
+            RecallMix fields, `documents` of them); empty = none. Validation and test stay the source's text.
         prompts: Prompts for `main.py predict` (continued with the model's `generation` settings).
         prompts_file: A text file with one prompt per line, for `main.py predict`.
     """
 
     def __init__(self, source: str | None = EMBEDDED, tokenizer: str = "byte", data_dir: str | None = None,
                  seq_len: int = 512, batch_size: int = 16, val_fraction: float = 0.02, test_fraction: float = 0.02,
-                 num_workers: int = 0, seed: int = 0, verify_checksums: bool = True,
+                 num_workers: int = 0, seed: int = 0, verify_checksums: bool = True, recall: RecallMix | None = None,
                  prompts: list[str] | None = None, prompts_file: str | None = None):
         super().__init__()
         self.save_hyperparameters()  # kept in checkpoints: inference finds the tokenizer there
@@ -111,6 +123,7 @@ class TextDataModule(L.LightningDataModule):
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
         self.num_workers, self.seed, self.verify_checksums = num_workers, seed, verify_checksums
         self.prompts, self.prompts_file = list(prompts or []), prompts_file
+        self.recall = RecallMix(**recall) if isinstance(recall, dict) else recall
         self.data_dir = Path(data_dir or f"data/{self._slug()}")
         self.meta: dict = {}
         self.datasets: dict[str, StreamingDataset] = {}
@@ -126,7 +139,8 @@ class TextDataModule(L.LightningDataModule):
         if self.source is None:
             return {"seq_len": self.seq_len}
         return {"source": self.source, "tokenizer": self.tokenizer_spec, "seq_len": self.seq_len,
-                "val_fraction": self.val_fraction, "test_fraction": self.test_fraction}
+                "val_fraction": self.val_fraction, "test_fraction": self.test_fraction,
+                "recall": asdict(self.recall) if self.recall else None}
 
     @property
     def tokenizer(self):
@@ -153,10 +167,13 @@ class TextDataModule(L.LightningDataModule):
         workers_before = set(multiprocessing.active_children())
         try:
             with _interruptible():
+                recall = [f"{RECALL_PREFIX}{i}" for i in range(self.recall.documents)] if self.recall else []
                 for split in SPLITS:
                     fn = functools.partial(tokenize_ref, tokenizer=self.tokenizer_spec, split=split,
-                                           val_fraction=self.val_fraction, test_fraction=self.test_fraction)
-                    optimize(fn=fn, inputs=refs, output_dir=str(tmp / split), chunk_size=chunk,
+                                           val_fraction=self.val_fraction, test_fraction=self.test_fraction,
+                                           recall=asdict(self.recall) if self.recall else None)
+                    inputs = refs + recall if split == "train" else refs
+                    optimize(fn=fn, inputs=inputs, output_dir=str(tmp / split), chunk_size=chunk,
                              item_loader=TokensLoader(), num_workers=1, reorder_files=False, verbose=False,
                              start_method=START_METHOD)
             meta = (self._expected_meta() | self._measure(refs, tmp)
@@ -187,8 +204,11 @@ class TextDataModule(L.LightningDataModule):
                 raise ValueError(f"the {split} split of {self.source} has {counts[f'{split}_tokens']} tokens, fewer "
                                  f"than one block of seq_len + 1 = {self.seq_len + 1}: add text or change "
                                  f"val_fraction / test_fraction / seq_len")
+        recall_tokens = sum(len(tok.encode(training_document(i, self.recall)[0])) + 1
+                            for i in range(self.recall.documents)) if self.recall else 0
         return counts | {"vocab_size": tok.vocab_size, "bytes_per_token": n_bytes / max(n_tokens, 1),
-                         "undecodable_files": len(undecodable)}
+                         "undecodable_files": len(undecodable), "recall_train_tokens": recall_tokens,
+                         "recall_share_of_train": recall_tokens / max(counts["train_tokens"], 1)}
 
     # ---- reading -------------------------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:

@@ -30,9 +30,10 @@ SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
 
 @dataclass(frozen=True)
 class RecallMix:
-    """How training recall documents place their questions.
+    """How many training recall documents there are, and how they place their questions.
 
     Args:
+        documents: Recall documents added to the training split (TextDataModule's `recall`).
         min_distance: Shortest fact-to-question distance (characters).
         near_limit: Near recalls are drawn below this distance (set it to the long window).
         max_distance: Longest distance (set it below the training length, so fact and question share a block).
@@ -41,6 +42,7 @@ class RecallMix:
         doc_chars: Characters per document.
     """
 
+    documents: int = 0
     min_distance: int = 8
     near_limit: int = 128
     max_distance: int = 900
@@ -52,6 +54,8 @@ class RecallMix:
         if not 0 < self.min_distance < self.near_limit <= self.max_distance:
             raise ValueError(f"RecallMix: need 0 < min_distance ({self.min_distance}) < near_limit "
                              f"({self.near_limit}) <= max_distance ({self.max_distance})")
+        if self.documents < 0:
+            raise ValueError(f"RecallMix.documents must be >= 0 (got {self.documents})")
         for name in ("far_share", "question_share"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"RecallMix.{name} must be in [0, 1] (got {getattr(self, name)})")

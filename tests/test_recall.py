@@ -88,3 +88,24 @@ def test_buckets_hold_their_distances_and_report_intervals():
     out = recall_losses(Blind(), load_tokenizer("byte"), edges, 3)
     assert [(b["from"], b["to"], b["n"]) for b in out["buckets"]] == [(1, 8, 3), (8, 128, 3), (128, 1024, 3)]
     assert all(b["exact"] == 0 and b["loss"] == pytest.approx(math.log(257)) for b in out["buckets"])
+
+
+def test_recall_documents_go_to_the_training_split_only(tmp_path):
+    from litdata import StreamingDataset, TokensLoader
+
+    from swax_lightning.data import TextDataModule
+
+    source = tmp_path / "text"
+    source.mkdir()
+    for i in range(40):
+        (source / f"doc{i}.txt").write_text(f"Plain document number {i}. " * 40)
+    data = TextDataModule(source=str(source), data_dir=str(tmp_path / "shards"), seq_len=64, batch_size=1,
+                          val_fraction=0.2, test_fraction=0.2, recall=RecallMix(documents=3, doc_chars=2000))
+    data.prepare_data()
+    data.setup()
+    assert 0.1 < data.meta["recall_share_of_train"] < 0.4 and data.meta["recall"]["documents"] == 3
+    tok = load_tokenizer("byte")
+    for split, has_recall in (("train", True), ("val", False), ("test", False)):
+        stream = StreamingDataset(str(tmp_path / "shards" / split), item_loader=TokensLoader(block_size=65))
+        text = "".join(tok.decode(stream[i].tolist()) for i in range(len(stream)))
+        assert ("special magic number" in text) == has_recall, split
