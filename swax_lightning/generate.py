@@ -4,8 +4,8 @@
         --prompt "import " --max_new_tokens 200 --temperature 0.8 --top_p 0.95
     python -m swax_lightning.generate --ckpt_path last.ckpt --prompts_file prompts.txt   # one prompt per line
 
-The model config and the tokenizer come from the checkpoint (a single-file checkpoint; consolidate a distributed
-one first with `python -m lightning.pytorch.utilities.consolidate_checkpoint <folder>`). `--window` and `--n_sink`
+The model config and the tokenizer come from the checkpoint (a single-file checkpoint; make one of a distributed
+checkpoint with `python -m swax_lightning.checkpoints <folder>`). `--window` and `--n_sink`
 override the sliding-window layers' window and sink count at inference; with `--convert_full_attention` the
 full-attention layers become SWA(window, n_sink) too (paper 2's training-free SWA with sinks).
 
@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from jsonargparse import ArgumentParser
 
+from swax_lightning.checkpoints import is_distributed_checkpoint
 from swax_lightning.cli import usage_errors_reported
 from swax_lightning.config import ConfigError
 from swax_lightning.inference import continue_texts, override_attention, read_prompts, show_continuation
@@ -32,8 +33,11 @@ from swax_lightning.tokenizer import load_tokenizer
 def load_model(ckpt_path: str | Path, device: str = "cpu"):
     """(model in eval mode, tokenizer) from a Lightning checkpoint written by main.py fit."""
     path = Path(ckpt_path)
+    if is_distributed_checkpoint(path):
+        raise ConfigError(f"{path} is a distributed checkpoint (one shard per rank): make one file of it first with "
+                          f"python -m swax_lightning.checkpoints {path}")
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found (or a distributed checkpoint folder; consolidate it): {path}")
+        raise FileNotFoundError(f"checkpoint not found: {path}")
     try:
         checkpoint = torch.load(path, map_location=device, weights_only=False)
     except Exception as err:  # truncated or not a torch file

@@ -190,8 +190,11 @@ def test_sharded_evaluation_scores_what_one_process_scores(tmp_path, data_dir, t
 
 
 def test_consolidated_checkpoint_loads_in_generate_and_resumes_one_process(tmp_path, data_dir, two_rank_run):
+    from swax_lightning.config import ConfigError
     from swax_lightning.generate import load_model
 
+    with pytest.raises(ConfigError, match="distributed checkpoint.*python -m swax_lightning.checkpoints"):
+        load_model(_ckpt(two_rank_run))
     full = tmp_path / "full.ckpt"
     run = _run([sys.executable, "-m", "swax_lightning.checkpoints", str(_ckpt(two_rank_run)), "--out", str(full)])
     assert run.returncode == 0 and full.is_file(), run.stderr[-2000:]
