@@ -33,7 +33,7 @@ import torch
 from jsonargparse import CLI
 
 from swax_lightning import hf_model
-from swax_lightning.evals.suite import markdown
+from swax_lightning.evals.reports import markdown
 from swax_lightning.generate import load_model
 from swax_lightning.model import SWAXModel
 from swax_lightning.tokenizer import ByteTokenizer

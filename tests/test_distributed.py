@@ -170,39 +170,51 @@ SMALL_EVAL = ["--eval.niah_tasks", "[niah_single_1, niah_multikey_2]", "--eval.n
               "--eval.perplexity_samples", "2", "--eval.max_new_tokens", "8", "--trainer.limit_test_batches", "2"]
 
 
-def test_sharded_evaluation_scores_what_one_process_scores(tmp_path, data_dir, two_rank_run):
-    ckpt = _ckpt(two_rank_run)
+@pytest.fixture(scope="module")
+def consolidated(two_rank_run):
+    """The README's consolidation command on the rehearsal's last.ckpt."""
+    full = two_rank_run / "full.ckpt"
+    run = _run([sys.executable, "-m", "swax_lightning.checkpoints", str(_ckpt(two_rank_run)), "--out", str(full)])
+    assert run.returncode == 0 and full.is_file(), run.stderr[-2000:]
+    return full
+
+
+def test_sharded_evaluation_scores_what_one_process_scores(tmp_path, data_dir, two_rank_run, consolidated):
     base = [sys.executable, str(ROOT / "main.py"), "test", "--config", str(ROOT / "configs/tiny_stochastic.yaml"),
             "--data.data_dir", str(data_dir), "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
             "--trainer.enable_progress_bar", "false", *SMALL_EVAL]
-    sharded = _run([*base, "--trainer.devices", "2", "--trainer.strategy", "fsdp2", "--ckpt_path", str(ckpt),
-                    "--eval.output_dir", str(tmp_path / "sharded")])
+    sharded = _run([*base, "--trainer.devices", "2", "--trainer.strategy", "fsdp2", "--ckpt_path",
+                    str(_ckpt(two_rank_run)), "--eval.output_dir", str(tmp_path / "sharded")])
     assert sharded.returncode == 0, sharded.stderr[-3000:]
-    full = consolidate(ckpt, tmp_path / "full.ckpt")
-    single = _run([*base, "--ckpt_path", str(full), "--eval.output_dir", str(tmp_path / "single")])
+    single = _run([*base, "--ckpt_path", str(consolidated), "--eval.output_dir", str(tmp_path / "single")])
     assert single.returncode == 0, single.stderr[-3000:]
     a, b = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("sharded", "single"))
     assert a == b and a["niah"] and a["babilong"] and a["perplexity"]
 
-    refused = _run([*base, "--ckpt_path", str(ckpt)])  # the folder itself, in one process
-    assert refused.returncode != 0
-    assert "distributed checkpoint" in refused.stderr and "swax_lightning.checkpoints" in refused.stderr
 
-
-def test_consolidated_checkpoint_loads_in_generate_and_resumes_one_process(tmp_path, data_dir, two_rank_run):
+def test_a_distributed_checkpoint_in_one_process_is_one_clear_line(capsys, data_dir, two_rank_run):
+    from swax_lightning.cli import main
     from swax_lightning.config import ConfigError
     from swax_lightning.generate import load_model
 
+    with pytest.raises(SystemExit) as exit_:
+        main(["test", "--config", str(ROOT / "configs/tiny_stochastic.yaml"), "--data.data_dir", str(data_dir),
+              "--ckpt_path", str(_ckpt(two_rank_run))])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 1, err
+    assert "is a distributed checkpoint" in err[0] and "python -m swax_lightning.checkpoints" in err[0]
     with pytest.raises(ConfigError, match="distributed checkpoint.*python -m swax_lightning.checkpoints"):
         load_model(_ckpt(two_rank_run))
-    full = tmp_path / "full.ckpt"
-    run = _run([sys.executable, "-m", "swax_lightning.checkpoints", str(_ckpt(two_rank_run)), "--out", str(full)])
-    assert run.returncode == 0 and full.is_file(), run.stderr[-2000:]
-    model, tokenizer = load_model(full)
+
+
+def test_consolidated_checkpoint_loads_in_generate_and_resumes_one_process(tmp_path, data_dir, consolidated):
+    from swax_lightning.generate import load_model
+
+    model, tokenizer = load_model(consolidated)
     assert torch.isfinite(model(torch.tensor([tokenizer.encode("def main(")]))).all()
     resumed = _run([sys.executable, str(ROOT / "main.py"), "fit", "--config",
                     str(ROOT / "configs/tiny_stochastic.yaml"), *_args(tmp_path, data_dir, tmp_path / "records"),
                     "--data.batch_size", str(2 * PER_RANK_BATCH), "--trainer.max_steps", str(STEPS + 2),
-                    "--ckpt_path", str(full)])
+                    "--ckpt_path", str(consolidated)])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert sorted(read_records(tmp_path / "records")[0]["steps"]) == [STEPS, STEPS + 1]
