@@ -19,7 +19,8 @@ from swax_lightning.module import LanguageModule  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCH = {"d_model": 32, "n_layers": 2, "n_heads": 2, "mlstm_heads": 2, "window": 8, "chunk_size": 8}
-NIAH = {"settings": {"window": 8}, "niah": {"scores": {"niah_single_1": {"4096": 42.0}}}}
+NIAH = {"settings": {"window": 8},  # as evals/reports.py writes it: every cell a mean, its interval and its count
+        "niah": {"scores": {"niah_single_1": {"4096": {"mean": 42.0, "n": 40, "ci95": [28.0, 57.6]}}}}}
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +91,7 @@ def test_model_card_reports_the_run(exported):
     card = (exported / "README.md").read_text()
     assert "library_name: transformers" in card and "| attention window / sinks | 8 / 0 |" in card
     assert "| optimizer steps | 3 |" in card
-    assert "| niah_single_1 | 42.0 |" in card  # from runs/exp/arm/eval/results.json
+    assert "| niah_single_1 | 42.0 [28, 58] n=40 |" in card  # from runs/exp/arm/eval/results.json
     assert {"config.json", "model.safetensors", "tokenizer.json", "modeling_swax.py"} <= \
         {p.name for p in exported.iterdir()}
 
