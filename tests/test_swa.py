@@ -14,6 +14,9 @@ CASES = [  # T, W, n_sink, Hq, Hkv, D
     (50, 50, 0, 2, 2, 8),     # W = T: full causal
     (50, 300, 4, 2, 2, 8),    # W > T
     (5, 3, 10, 2, 2, 8),      # more sinks than tokens
+    (200, 33, 70, 4, 2, 8),   # more sinks than the window: the dense head is longer than the window
+    (100, 99, 3, 2, 2, 8),    # W = T - 1: one tail query
+    (257, 64, 1, 2, 2, 8),    # a single sink
 ]
 
 
@@ -46,6 +49,22 @@ def test_blocked_equals_dense_reference(T, W, n_sink, Hq, Hkv, D, min_block):
     grad = torch.randn_like(out)
     for a, b in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(ref, (q, k, v), grad)):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("W,n_sink", [(1, 0), (40, 0), (40, 4), (300, 2)])
+def test_blocked_stays_on_the_fused_kernel(W, n_sink):
+    # Only SDPA's flash kernel is allowed here: a per-block mask or a 5-D input would need the math kernel (which
+    # materialises every score) and raise.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = _inputs(150, 4, 2, 16, dtype=torch.float32)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        out = swa_blocked(q, k, v, W, n_sink)
+        grads = torch.autograd.grad(out.sum(), (q, k, v))
+    ref = swa_reference(q, k, v, W, n_sink)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    for a, b in zip(grads, torch.autograd.grad(ref.sum(), (q, k, v))):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
 def test_fp32_and_dispatch():
