@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kernels import backends
+
 LAYER_KINDS = {"S": "sliding-window attention", "X": "mLSTM", "A": "full causal attention", "D": "Gated DeltaNet"}
 
 
@@ -59,6 +61,10 @@ class ModelConfig:
             scaled by 1 / sqrt(2 * n_layers) (GPT-2).
         igate_bias_init: Initial bias of the mLSTM input gate (xLSTM-7B: -10).
         fgate_bias_init: (low, high): the mLSTM forget-gate biases are spread linearly over the heads (xLSTM: 3..6).
+        kernels: Compute backend per operation, e.g. {attention: flash, mlstm: triton}; omitted operations are
+            `auto`. attention: auto|torch|triton|flash|flex|sdpa, mlstm: auto|torch|triton, deltanet: auto|torch
+            (kernels/backends.py says what auto picks). The environment variable SWAX_KERNELS=auto|torch|triton
+            overrides every operation. A run-time choice: it changes no weight.
     """
 
     vocab_size: int = 257
@@ -86,6 +92,7 @@ class ModelConfig:
     init_std: float = 0.02
     igate_bias_init: float = -10.0
     fgate_bias_init: tuple[float, float] = field(default=(3.0, 6.0))
+    kernels: dict = field(default_factory=lambda: dict(backends.DEFAULTS))
 
     def __post_init__(self) -> None:
         self.fgate_bias_init = tuple(self.fgate_bias_init)
@@ -117,6 +124,22 @@ class ModelConfig:
         _require(self.ffn_dim is None or self.ffn_dim >= 1, "ffn_dim", "must be >= 1 or empty", self.ffn_dim)
         _require(len(self.fgate_bias_init) == 2, "fgate_bias_init", "must be a pair (low, high)",
                  self.fgate_bias_init)
+        self._check_kernels()
+
+    def _check_kernels(self) -> None:
+        """Every backend constraint (installed, head dims, sinks, chunk size), checked only for the layer kinds the
+        pattern uses, so a CPU-only config never trips over a GPU backend it does not use."""
+        _require(isinstance(self.kernels, dict), "kernels", "must be a mapping operation -> backend", self.kernels)
+        self.kernels = {**backends.DEFAULTS, **self.kernels}
+        used = set(self.pattern)
+        problems = backends.check_choices(
+            self.kernels, uses_attention=bool(used & {"S", "A"}), uses_mlstm="X" in used,
+            attn_head_dim=self.attn_head_dim, n_sink=self.n_sink if "S" in used else 0,
+            mlstm_qk_head_dim=int(self.mlstm_qk_factor * self.d_model) // self.mlstm_heads,
+            mlstm_v_head_dim=int(self.mlstm_v_factor * self.d_model) // self.mlstm_heads, chunk_size=self.chunk_size)
+        if problems:
+            name, message = problems[0]
+            raise ConfigError(f"ModelConfig.{name}: {message}")
 
     @property
     def layer_kinds(self) -> str:

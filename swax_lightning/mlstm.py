@@ -38,6 +38,7 @@ class MLSTMLayer(nn.Module):
         d, self.heads = cfg.d_model, cfg.mlstm_heads
         self.qk_dim, self.v_dim = int(cfg.mlstm_qk_factor * d), int(cfg.mlstm_v_factor * d)
         self.gate_soft_cap, self.chunk_size = cfg.gate_soft_cap, cfg.chunk_size
+        self.kernel = cfg.kernels["mlstm"]
         self.q_proj = nn.Linear(d, self.qk_dim, bias=False)
         self.k_proj = nn.Linear(d, self.qk_dim, bias=False)
         self.v_proj = nn.Linear(d, self.v_dim, bias=False)
@@ -76,7 +77,7 @@ class MLSTMLayer(nn.Module):
         v = self.v_proj(x).view(B, T, self.heads, -1)
         i_pre, f_pre = self.gates(x)
         if cache is None:
-            h, _ = mlstm_chunkwise(q, k, v, i_pre, f_pre, chunk_size=self.chunk_size)
+            h, _ = mlstm_chunkwise(q, k, v, i_pre, f_pre, chunk_size=self.chunk_size, kernel=self.kernel)
         else:
             if positions is not None:  # padding leaves the state unchanged
                 pad = (positions < 0)[..., None]
@@ -86,5 +87,5 @@ class MLSTMLayer(nn.Module):
                 h, cache.state = mlstm_step(q[:, 0], k[:, 0], v[:, 0], i_pre[:, 0], f_pre[:, 0], cache.state)
                 h = h[:, None].to(v.dtype)
             else:
-                h, cache.state = mlstm_chunkwise(q, k, v, i_pre, f_pre, cache.state, self.chunk_size)
+                h, cache.state = mlstm_chunkwise(q, k, v, i_pre, f_pre, cache.state, self.chunk_size, kernel=self.kernel)
         return self.out_proj(self.norm(h).reshape(B, T, self.v_dim) * torch.sigmoid(self.ogate(x)))
