@@ -49,12 +49,14 @@ class ModelConfig:
         mlstm_heads: mLSTM heads (xLSTM-7B: 8).
         mlstm_qk_factor: q/k width of the mLSTM as a fraction of d_model (xLSTM-7B: 0.5).
         mlstm_v_factor: v width of the mLSTM as a fraction of d_model (xLSTM-7B: 1.0).
+        mlstm_norm: The mLSTM's per-head output norm: layernorm (xLSTM-7B: mean subtracted, fp32, weight, no bias)
+            or rmsnorm (no mean subtracted; kept for comparison with earlier runs).
         gate_soft_cap: mLSTM gate pre-activations are capped as cap * tanh(x / cap); 0 disables.
         deltanet_heads: Gated DeltaNet heads.
         deltanet_qk_factor: q/k width of Gated DeltaNet as a fraction of d_model.
         deltanet_v_factor: v width of Gated DeltaNet as a fraction of d_model.
         chunk_size: Chunk length of the chunkwise mLSTM and Gated DeltaNet forms.
-        norm_eps: Epsilon of every RMSNorm.
+        norm_eps: Epsilon of every norm.
         logit_soft_cap: Output logits are capped as cap * tanh(x / cap); 0 disables (xLSTM-7B: 30).
         tie_embeddings: Share the input embedding and the LM head weights.
         init_std: Std of the normal init of linear and embedding weights; residual output projections are further
@@ -81,6 +83,7 @@ class ModelConfig:
     mlstm_heads: int = 4
     mlstm_qk_factor: float = 0.5
     mlstm_v_factor: float = 1.0
+    mlstm_norm: str = "layernorm"
     gate_soft_cap: float = 15.0
     deltanet_heads: int = 4
     deltanet_qk_factor: float = 0.5
@@ -122,6 +125,8 @@ class ModelConfig:
             _require(getattr(self, name) >= 0, name, "must be >= 0", getattr(self, name))
         _require(self.norm_eps > 0, "norm_eps", "must be > 0", self.norm_eps)
         _require(self.ffn_dim is None or self.ffn_dim >= 1, "ffn_dim", "must be >= 1 or empty", self.ffn_dim)
+        _require(self.mlstm_norm in ("layernorm", "rmsnorm"), "mlstm_norm", "must be layernorm or rmsnorm",
+                 self.mlstm_norm)
         _require(len(self.fgate_bias_init) == 2, "fgate_bias_init", "must be a pair (low, high)",
                  self.fgate_bias_init)
         self._check_kernels()

@@ -3,14 +3,15 @@
     q, k = Linear(d, qk_factor * d)        v = Linear(d, v_factor * d)        (no biases)
     i~, f~ = cap * tanh(Linear(d, H) / cap)   (per-head scalar gates, with biases)
     h = cell(q, k, v, i~, f~)                the chunkwise form (kernels.mlstm_chunkwise)
-    y = out_proj(MultiHeadRMSNorm(h) * sigmoid(Linear(d, v_factor * d)))
+    y = out_proj(MultiHeadLayerNorm(h) * sigmoid(Linear(d, v_factor * d)))   (mlstm_norm: layernorm | rmsnorm)
 
 Decisions:
 - Gate pre-activations are computed and soft-capped in fp32 (also under bf16 autocast), so +-30 inputs stay finite.
 - Init as in xLSTM: input-gate bias igate_bias_init (-10: writes start small), forget-gate biases spread linearly
   over the heads in fgate_bias_init (3..6: from ~50 to ~400 steps of memory).
-- The per-head norm after the cell cancels the cell's normaliser scale; that is why gradients of the cell's forms are
-  compared after this norm (DESIGN.md section 3).
+- The per-head output norm is xLSTM-7B's LayerNorm (mean subtracted, fp32, weight, no bias) unless the config asks
+  for RMSNorm (`mlstm_norm: rmsnorm`, the earlier form, kept for comparison). Either cancels the cell's normaliser
+  scale; that is why gradients of the cell's forms are compared after this norm (DESIGN.md section 3).
 - Streaming inference passes a RecurrentCache: a chunk continues from its state with the chunkwise form, a single
   token with the recurrent step. Padding tokens (positions < 0) get input gate 0 and forget gate 1: the state stays as is.
 """
@@ -25,7 +26,7 @@ from kernels import MLSTMState, mlstm_chunkwise, mlstm_step
 from kernels.mlstm.naive import fp32
 from swax_lightning.cache import RecurrentCache
 from swax_lightning.config import ModelConfig
-from swax_lightning.layers import MultiHeadRMSNorm
+from swax_lightning.layers import MultiHeadLayerNorm, MultiHeadRMSNorm
 
 
 def soft_cap(x: torch.Tensor, cap: float) -> torch.Tensor:
@@ -45,7 +46,8 @@ class MLSTMLayer(nn.Module):
         self.igate = nn.Linear(d, self.heads)
         self.fgate = nn.Linear(d, self.heads)
         self.ogate = nn.Linear(d, self.v_dim, bias=False)
-        self.norm = MultiHeadRMSNorm(self.heads, self.v_dim // self.heads, cfg.norm_eps)
+        norm = MultiHeadLayerNorm if cfg.mlstm_norm == "layernorm" else MultiHeadRMSNorm
+        self.norm = norm(self.heads, self.v_dim // self.heads, cfg.norm_eps)
         self.out_proj = nn.Linear(self.v_dim, d, bias=False)
         self.igate_bias_init, self.fgate_bias_init = cfg.igate_bias_init, cfg.fgate_bias_init
 

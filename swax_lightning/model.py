@@ -26,7 +26,7 @@ from swax_lightning.config import ModelConfig
 from swax_lightning.deltanet import GatedDeltaNetLayer
 from swax_lightning.mlstm import MLSTMLayer
 from swax_lightning.swa import Attention
-from swax_lightning.layers import MultiHeadRMSNorm, SwiGLU
+from swax_lightning.layers import MultiHeadLayerNorm, MultiHeadRMSNorm, SwiGLU
 
 
 def make_mixer(kind: str, cfg: ModelConfig) -> nn.Module:
@@ -89,7 +89,7 @@ class SWAXModel(nn.Module):
                 nn.init.normal_(module.weight, std=out_std if is_out else std, generator=generator)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
-            elif isinstance(module, (nn.RMSNorm, MultiHeadRMSNorm)):
+            elif isinstance(module, (nn.RMSNorm, MultiHeadRMSNorm, MultiHeadLayerNorm)):
                 nn.init.ones_(module.weight)
         for module in root.modules():  # after the generic pass, which zeroes every bias
             if isinstance(module, MLSTMLayer):
