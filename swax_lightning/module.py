@@ -19,7 +19,6 @@ from dataclasses import asdict, dataclass, field
 import lightning as L
 from lightning.pytorch.strategies import ModelParallelStrategy
 import torch
-import torch.nn.functional as F
 from torchmetrics.aggregation import MeanMetric
 
 from swax_lightning.config import ModelConfig
@@ -152,8 +151,7 @@ class LanguageModule(L.LightningModule):
         """Mean next-token cross-entropy of a [B, T+1] block batch, and the number of predicted tokens."""
         batch = batch.long()
         inputs, targets = batch[:, :-1], batch[:, 1:]
-        logits = self.model(inputs)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        loss = self.model(inputs, targets=targets)  # chunked soft-capped cross-entropy: no [B, T, vocab] logits
         return loss, targets.numel()
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
