@@ -10,19 +10,21 @@ implementation themselves. Each kernel lives beside its slow reference (flash-li
     kernels/mlstm/triton.py   chunkwise Triton forward + backward with state in and out: the GPU path
     kernels/deltanet/naive.py gated delta rule, recurrent step and loop: reference and decode step
     kernels/deltanet/chunk.py chunkwise (WY / UT-transform) form in PyTorch: the training path (no Triton yet)
-The backend is chosen per call from the environment variable SWAX_KERNELS:
-    auto (default)  Triton for CUDA tensors where a Triton kernel exists, PyTorch otherwise
-    torch           always the PyTorch paths
-    triton          always Triton (CPU tensors need TRITON_INTERPRET=1 set before triton is imported: the
-                    interpreter, for tests)
+    kernels/swa/flash.py      flash-attn's window (optional extra, CUDA, no sinks)
+    kernels/swa/flex.py       FlexAttention with a sliding-window-plus-sinks block mask (compiled, GPU)
+The backend is chosen per call from the layer's config choice (ModelConfig.kernels: auto, torch, triton, flash,
+flex, sdpa for attention; auto, torch, triton for the mLSTM), overridden for every operation by the environment
+variable SWAX_KERNELS=auto|torch|triton when it is set. What `auto` picks and what each backend can take is in
+kernels/backends.py; `triton` on CPU tensors needs TRITON_INTERPRET=1 set before triton is imported (the
+interpreter, for tests).
 Triton modules are imported on first use, so CPU-only runs never import triton.
 """
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Callable
 
+from kernels import backends
 from kernels.deltanet.chunk import gated_delta_chunkwise as _gated_delta_chunkwise_torch
 from kernels.deltanet.naive import gated_delta_recurrent, gated_delta_step
 from kernels.mlstm.chunk import mlstm_chunkwise as _mlstm_chunkwise_torch
@@ -30,55 +32,60 @@ from kernels.mlstm.naive import MLSTMState, mlstm_parallel, mlstm_recurrent, mls
 from kernels.swa.blocked import swa_blocked
 from kernels.swa.naive import sliding_window_mask, swa_reference
 
-BACKENDS = ("auto", "torch", "triton")
-_TRITON = {  # operation -> (module, function) of its Triton kernel
-    "swa": ("kernels.swa.triton", "swa_triton"),
-    "mlstm": ("kernels.mlstm.triton", "mlstm_chunkwise_triton"),
+_IMPLS = {  # backend name -> (module, function), imported on first use so CPU runs never import triton
+    "triton": ("kernels.swa.triton", "swa_triton"),
+    "flash": ("kernels.swa.flash", "swa_flash"),
+    "flex": ("kernels.swa.flex", "swa_flex"),
+    "mlstm_triton": ("kernels.mlstm.triton", "mlstm_chunkwise_triton"),
 }
 
 
 def backend() -> str:
-    """The backend asked for by SWAX_KERNELS, validated."""
-    choice = os.environ.get("SWAX_KERNELS", "auto").lower()
-    if choice not in BACKENDS:
-        raise ValueError(f"SWAX_KERNELS={choice!r}: expected one of {', '.join(BACKENDS)}")
-    return choice
+    """The override asked for by SWAX_KERNELS (validated), or 'auto' when it is not set."""
+    return backends.env_override() or "auto"
 
 
-def _triton_impl(op: str) -> Callable:
-    module, name = _TRITON[op]
-    return getattr(importlib.import_module(module), name)
+def _impl(name: str) -> Callable:
+    module, function = _IMPLS[name]
+    return getattr(importlib.import_module(module), function)
 
 
-def _pick(op: str, torch_impl: Callable, is_cuda: bool) -> Callable:
-    choice = backend()
-    if choice == "torch":
-        return torch_impl
-    if op not in _TRITON:
-        if choice == "triton":
-            raise NotImplementedError(f"SWAX_KERNELS=triton: no Triton kernel for {op!r}; use auto or torch")
-        return torch_impl
-    if is_cuda or choice == "triton":
-        return _triton_impl(op)
-    return torch_impl
+def _causal(q, k, v, window, n_sink, scale):
+    """Full causal attention in SDPA (flash / cuDNN on GPU, the fused kernel on CPU)."""
+    return swa_blocked(q, k, v, None, 0, scale)
 
 
-def sliding_window_attention(q, k, v, window: int | None, n_sink: int = 0, scale: float | None = None):
+def _sdpa_dense(q, k, v, window, n_sink, scale):
+    """One SDPA call with the dense [T, T] mask: the O(T^2) baseline."""
+    return swa_reference(q, k, v, window, n_sink, scale)
+
+
+def sliding_window_attention(q, k, v, window: int | None, n_sink: int = 0, scale: float | None = None,
+                             kernel: str = "auto"):
     """Causal attention where query t sees keys t-W+1 .. t and the first n_sink keys. window=None: full causal.
-    q [B, T, Hq, D], k and v [B, T, Hkv, D]; returns [B, T, Hq, D]."""
-    return _pick("swa", swa_blocked, q.is_cuda)(q, k, v, window, n_sink, scale)
+    q [B, T, Hq, D], k and v [B, T, Hkv, D]; returns [B, T, Hq, D]. kernel: the config's choice
+    (kernels/backends.py)."""
+    name = backends.attention_backend(kernel, is_cuda=q.is_cuda, dtype=q.dtype, head_dim=q.shape[-1], T=q.shape[1],
+                                      window=window, n_sink=n_sink)
+    fn = {"torch": swa_blocked, "causal": _causal, "sdpa": _sdpa_dense}.get(name) or _impl(name)
+    return fn(q, k, v, window, n_sink, scale)
 
 
-def mlstm_chunkwise(q, k, v, i_pre, f_pre, initial_state: MLSTMState | None = None, chunk_size: int = 64):
+def mlstm_chunkwise(q, k, v, i_pre, f_pre, initial_state: MLSTMState | None = None, chunk_size: int = 64,
+                    kernel: str = "auto"):
     """The mLSTM cell over a sequence. Returns (h [B, T, H, DV], final MLSTMState)."""
-    return _pick("mlstm", _mlstm_chunkwise_torch, q.is_cuda)(q, k, v, i_pre, f_pre, initial_state, chunk_size)
+    name = backends.mlstm_backend(kernel, is_cuda=q.is_cuda, qk_head_dim=q.shape[-1], v_head_dim=v.shape[-1],
+                                  chunk_size=chunk_size)
+    fn = _impl("mlstm_triton") if name == "triton" else _mlstm_chunkwise_torch
+    return fn(q, k, v, i_pre, f_pre, initial_state, chunk_size)
 
 
-def gated_delta_chunkwise(q, k, v, beta, g, initial_state=None, chunk_size: int = 64):
+def gated_delta_chunkwise(q, k, v, beta, g, initial_state=None, chunk_size: int = 64, kernel: str = "auto"):
     """The gated delta rule over a sequence. Returns (o [B, T, H, DV], final state [B, H, DK, DV])."""
-    return _pick("gated_delta", _gated_delta_chunkwise_torch, q.is_cuda)(q, k, v, beta, g, initial_state, chunk_size)
+    backends.deltanet_backend(kernel)
+    return _gated_delta_chunkwise_torch(q, k, v, beta, g, initial_state, chunk_size)
 
 
-__all__ = ["MLSTMState", "backend", "gated_delta_chunkwise", "gated_delta_recurrent", "gated_delta_step",
+__all__ = ["MLSTMState", "backend", "backends", "gated_delta_chunkwise", "gated_delta_recurrent", "gated_delta_step",
            "mlstm_chunkwise", "mlstm_parallel", "mlstm_recurrent", "mlstm_step",
            "sliding_window_attention", "sliding_window_mask", "swa_blocked", "swa_reference"]

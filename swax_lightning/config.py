@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kernels import backends
+
 LAYER_KINDS = {"S": "sliding-window attention", "X": "mLSTM", "A": "full causal attention", "D": "Gated DeltaNet"}
 
 
@@ -47,18 +49,24 @@ class ModelConfig:
         mlstm_heads: mLSTM heads (xLSTM-7B: 8).
         mlstm_qk_factor: q/k width of the mLSTM as a fraction of d_model (xLSTM-7B: 0.5).
         mlstm_v_factor: v width of the mLSTM as a fraction of d_model (xLSTM-7B: 1.0).
+        mlstm_norm: The mLSTM's per-head output norm: layernorm (xLSTM-7B: mean subtracted, fp32, weight, no bias)
+            or rmsnorm (no mean subtracted; kept for comparison with earlier runs).
         gate_soft_cap: mLSTM gate pre-activations are capped as cap * tanh(x / cap); 0 disables.
         deltanet_heads: Gated DeltaNet heads.
         deltanet_qk_factor: q/k width of Gated DeltaNet as a fraction of d_model.
         deltanet_v_factor: v width of Gated DeltaNet as a fraction of d_model.
         chunk_size: Chunk length of the chunkwise mLSTM and Gated DeltaNet forms.
-        norm_eps: Epsilon of every RMSNorm.
+        norm_eps: Epsilon of every norm.
         logit_soft_cap: Output logits are capped as cap * tanh(x / cap); 0 disables (xLSTM-7B: 30).
         tie_embeddings: Share the input embedding and the LM head weights.
         init_std: Std of the normal init of linear and embedding weights; residual output projections are further
             scaled by 1 / sqrt(2 * n_layers) (GPT-2).
         igate_bias_init: Initial bias of the mLSTM input gate (xLSTM-7B: -10).
         fgate_bias_init: (low, high): the mLSTM forget-gate biases are spread linearly over the heads (xLSTM: 3..6).
+        kernels: Compute backend per operation, e.g. {attention: flash, mlstm: triton}; omitted operations are
+            `auto`. attention: auto|torch|triton|flash|flex|sdpa, mlstm: auto|torch|triton, deltanet: auto|torch
+            (kernels/backends.py says what auto picks). The environment variable SWAX_KERNELS=auto|torch|triton
+            overrides every operation. A run-time choice: it changes no weight.
     """
 
     vocab_size: int = 257
@@ -75,6 +83,7 @@ class ModelConfig:
     mlstm_heads: int = 4
     mlstm_qk_factor: float = 0.5
     mlstm_v_factor: float = 1.0
+    mlstm_norm: str = "layernorm"
     gate_soft_cap: float = 15.0
     deltanet_heads: int = 4
     deltanet_qk_factor: float = 0.5
@@ -86,6 +95,7 @@ class ModelConfig:
     init_std: float = 0.02
     igate_bias_init: float = -10.0
     fgate_bias_init: tuple[float, float] = field(default=(3.0, 6.0))
+    kernels: dict = field(default_factory=lambda: dict(backends.DEFAULTS))
 
     def __post_init__(self) -> None:
         self.fgate_bias_init = tuple(self.fgate_bias_init)
@@ -115,8 +125,26 @@ class ModelConfig:
             _require(getattr(self, name) >= 0, name, "must be >= 0", getattr(self, name))
         _require(self.norm_eps > 0, "norm_eps", "must be > 0", self.norm_eps)
         _require(self.ffn_dim is None or self.ffn_dim >= 1, "ffn_dim", "must be >= 1 or empty", self.ffn_dim)
+        _require(self.mlstm_norm in ("layernorm", "rmsnorm"), "mlstm_norm", "must be layernorm or rmsnorm",
+                 self.mlstm_norm)
         _require(len(self.fgate_bias_init) == 2, "fgate_bias_init", "must be a pair (low, high)",
                  self.fgate_bias_init)
+        self._check_kernels()
+
+    def _check_kernels(self) -> None:
+        """Every backend constraint (installed, head dims, sinks, chunk size), checked only for the layer kinds the
+        pattern uses, so a CPU-only config never trips over a GPU backend it does not use."""
+        _require(isinstance(self.kernels, dict), "kernels", "must be a mapping operation -> backend", self.kernels)
+        self.kernels = {**backends.DEFAULTS, **self.kernels}
+        used = set(self.pattern)
+        problems = backends.check_choices(
+            self.kernels, uses_attention=bool(used & {"S", "A"}), uses_mlstm="X" in used,
+            attn_head_dim=self.attn_head_dim, n_sink=self.n_sink if "S" in used else 0,
+            mlstm_qk_head_dim=int(self.mlstm_qk_factor * self.d_model) // self.mlstm_heads,
+            mlstm_v_head_dim=int(self.mlstm_v_factor * self.d_model) // self.mlstm_heads, chunk_size=self.chunk_size)
+        if problems:
+            name, message = problems[0]
+            raise ConfigError(f"ModelConfig.{name}: {message}")
 
     @property
     def layer_kinds(self) -> str:

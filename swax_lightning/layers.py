@@ -3,14 +3,18 @@
 Decisions:
 - RoPE angles are computed in fp32 from absolute positions on every call (cheap next to attention, and exact at
   131k positions), so training and a rolling decode cache rotate keys identically.
-- Norms use torch's own RMSNorm; the per-head norm (mLSTM output) is RMSNorm over each head's channels with one
-  weight vector for all heads' channels, as in xLSTM-7B.
+- Norms use torch's own RMSNorm. The per-head norms (mLSTM and Gated DeltaNet outputs) normalise each head's
+  channels separately in fp32 with one weight vector over all heads' channels and no bias: MultiHeadLayerNorm
+  (mean subtracted, then scaled by the inverse standard deviation; xLSTM-7B's mLSTM output norm, which casts back to
+  the input dtype before the weight) or MultiHeadRMSNorm (no mean subtracted).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from kernels.mlstm.naive import fp32
 
 
 def rope_rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
@@ -34,6 +38,20 @@ class MultiHeadRMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.rms_norm(x.float(), (self.head_dim,), eps=self.eps)
         return (y * self.weight.view(self.heads, self.head_dim)).to(x.dtype)
+
+
+class MultiHeadLayerNorm(nn.Module):
+    """LayerNorm applied to each head separately, weight and no bias (xLSTM-7B's mLSTM output norm): x [..., H, D],
+    weight [H * D]. Statistics in fp32 (fp64 for an fp64 model)."""
+
+    def __init__(self, heads: int, head_dim: int, eps: float):
+        super().__init__()
+        self.heads, self.head_dim, self.eps = heads, head_dim, eps
+        self.weight = nn.Parameter(torch.ones(heads * head_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.layer_norm(fp32(x), (self.head_dim,), eps=self.eps).to(x.dtype)
+        return y * self.weight.view(self.heads, self.head_dim).to(x.dtype)
 
 
 class SwiGLU(nn.Module):

@@ -3,14 +3,15 @@
     q, k = Linear(d, qk_factor * d)        v = Linear(d, v_factor * d)        (no biases)
     i~, f~ = cap * tanh(Linear(d, H) / cap)   (per-head scalar gates, with biases)
     h = cell(q, k, v, i~, f~)                the chunkwise form (kernels.mlstm_chunkwise)
-    y = out_proj(MultiHeadRMSNorm(h) * sigmoid(Linear(d, v_factor * d)))
+    y = out_proj(MultiHeadLayerNorm(h) * sigmoid(Linear(d, v_factor * d)))   (mlstm_norm: layernorm | rmsnorm)
 
 Decisions:
 - Gate pre-activations are computed and soft-capped in fp32 (also under bf16 autocast), so +-30 inputs stay finite.
 - Init as in xLSTM: input-gate bias igate_bias_init (-10: writes start small), forget-gate biases spread linearly
   over the heads in fgate_bias_init (3..6: from ~50 to ~400 steps of memory).
-- The per-head norm after the cell cancels the cell's normaliser scale; that is why gradients of the cell's forms are
-  compared after this norm (docs/design.md section 3).
+- The per-head output norm is xLSTM-7B's LayerNorm (mean subtracted, fp32, weight, no bias) unless the config asks
+  for RMSNorm (`mlstm_norm: rmsnorm`, the earlier form, kept for comparison). Either cancels the cell's normaliser
+  scale; that is why gradients of the cell's forms are compared after this norm (docs/design.md section 3).
 - Streaming inference passes a RecurrentCache: a chunk continues from its state with the chunkwise form, a single
   token with the recurrent step. Padding tokens (positions < 0) get input gate 0 and forget gate 1: the state stays
   as is.
@@ -26,7 +27,7 @@ from kernels import MLSTMState, mlstm_chunkwise, mlstm_step
 from kernels.mlstm.naive import fp32
 from swax_lightning.cache import RecurrentCache
 from swax_lightning.config import ModelConfig
-from swax_lightning.layers import MultiHeadRMSNorm
+from swax_lightning.layers import MultiHeadLayerNorm, MultiHeadRMSNorm
 
 
 def soft_cap(x: torch.Tensor, cap: float) -> torch.Tensor:
@@ -39,13 +40,15 @@ class MLSTMLayer(nn.Module):
         d, self.heads = cfg.d_model, cfg.mlstm_heads
         self.qk_dim, self.v_dim = int(cfg.mlstm_qk_factor * d), int(cfg.mlstm_v_factor * d)
         self.gate_soft_cap, self.chunk_size = cfg.gate_soft_cap, cfg.chunk_size
+        self.kernel = cfg.kernels["mlstm"]
         self.q_proj = nn.Linear(d, self.qk_dim, bias=False)
         self.k_proj = nn.Linear(d, self.qk_dim, bias=False)
         self.v_proj = nn.Linear(d, self.v_dim, bias=False)
         self.igate = nn.Linear(d, self.heads)
         self.fgate = nn.Linear(d, self.heads)
         self.ogate = nn.Linear(d, self.v_dim, bias=False)
-        self.norm = MultiHeadRMSNorm(self.heads, self.v_dim // self.heads, cfg.norm_eps)
+        norm = MultiHeadLayerNorm if cfg.mlstm_norm == "layernorm" else MultiHeadRMSNorm
+        self.norm = norm(self.heads, self.v_dim // self.heads, cfg.norm_eps)
         self.out_proj = nn.Linear(self.v_dim, d, bias=False)
         self.igate_bias_init, self.fgate_bias_init = cfg.igate_bias_init, cfg.fgate_bias_init
 
@@ -77,7 +80,7 @@ class MLSTMLayer(nn.Module):
         v = self.v_proj(x).view(B, T, self.heads, -1)
         i_pre, f_pre = self.gates(x)
         if cache is None:
-            h, _ = mlstm_chunkwise(q, k, v, i_pre, f_pre, chunk_size=self.chunk_size)
+            h, _ = mlstm_chunkwise(q, k, v, i_pre, f_pre, chunk_size=self.chunk_size, kernel=self.kernel)
         else:
             if positions is not None:  # padding leaves the state unchanged
                 pad = (positions < 0)[..., None]
@@ -87,5 +90,6 @@ class MLSTMLayer(nn.Module):
                 h, cache.state = mlstm_step(q[:, 0], k[:, 0], v[:, 0], i_pre[:, 0], f_pre[:, 0], cache.state)
                 h = h[:, None].to(v.dtype)
             else:
-                h, cache.state = mlstm_chunkwise(q, k, v, i_pre, f_pre, cache.state, self.chunk_size)
+                h, cache.state = mlstm_chunkwise(q, k, v, i_pre, f_pre, cache.state, self.chunk_size,
+                                                 kernel=self.kernel)
         return self.out_proj(self.norm(h).reshape(B, T, self.v_dim) * torch.sigmoid(self.ogate(x)))

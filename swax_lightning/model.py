@@ -12,6 +12,7 @@ Decisions:
 - The same forward serves streaming inference when given per-block caches and positions (swax_lightning/cache.py,
   swax_lightning/inference.py).
 - Logits are soft-capped (xLSTM-7B) and returned in fp32 (fp64 for an fp64 model) for a stable cross-entropy.
+  Given targets, forward returns the training loss instead, from the chunked cross-entropy (no full logits).
 """
 from __future__ import annotations
 
@@ -21,10 +22,11 @@ import zlib
 import torch
 import torch.nn as nn
 
+from kernels.ce.chunked import softcap_cross_entropy_chunked
 from kernels.mlstm.naive import fp32
 from swax_lightning.config import ModelConfig
 from swax_lightning.deltanet import GatedDeltaNetLayer
-from swax_lightning.layers import MultiHeadRMSNorm, SwiGLU
+from swax_lightning.layers import MultiHeadLayerNorm, MultiHeadRMSNorm, SwiGLU
 from swax_lightning.mlstm import MLSTMLayer
 from swax_lightning.swa import Attention
 
@@ -89,7 +91,7 @@ class SWAXModel(nn.Module):
                 nn.init.normal_(module.weight, std=out_std if is_out else std, generator=generator)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
-            elif isinstance(module, (nn.RMSNorm, MultiHeadRMSNorm)):
+            elif isinstance(module, (nn.RMSNorm, MultiHeadRMSNorm, MultiHeadLayerNorm)):
                 nn.init.ones_(module.weight)
         for module in root.modules():  # after the generic pass, which zeroes every bias
             if isinstance(module, MLSTMLayer):
@@ -138,13 +140,20 @@ class SWAXModel(nn.Module):
         device = device or self.embed.weight.device
         return [block.mixer.new_cache(batch, dtype, device) for block in self.blocks]
 
-    def forward(self, idx: torch.Tensor, caches: list | None = None,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, caches: list | None = None, positions: torch.Tensor | None = None,
+                targets: torch.Tensor | None = None) -> torch.Tensor:
         """idx [B, T] token ids -> logits [B, T, vocab] in fp32. Streaming: per-block caches (new_caches) and the
-        tokens' absolute positions [B, T] (negative for left padding); the caches are updated in place."""
+        tokens' absolute positions [B, T] (negative for left padding); the caches are updated in place.
+        targets [B, T]: returns instead the mean next-token loss, computed by the chunked soft-capped cross-entropy
+        (kernels/ce/chunked.py) so the [B, T, vocab] logits never exist; it runs here, inside the model's forward,
+        so a sharded LM head is gathered for it."""
         x = self.embed(idx)
         for i, block in enumerate(self.blocks):
             x = block(x, None if caches is None else caches[i], positions)
+        if targets is not None:
+            h = self.norm(x)
+            return softcap_cross_entropy_chunked(h.reshape(-1, h.shape[-1]), self.lm_head.weight,
+                                                 targets.reshape(-1), self.cfg.logit_soft_cap)
         logits = fp32(self.lm_head(self.norm(x)))
         cap = self.cfg.logit_soft_cap
         return cap * torch.tanh(logits / cap) if cap > 0 else logits

@@ -23,7 +23,6 @@ from dataclasses import asdict, dataclass, field, replace
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torchmetrics.aggregation import MeanMetric
 
@@ -106,12 +105,17 @@ def _as_config(value, config_class):
     return config_class(**value) if isinstance(value, dict) else replace(value)
 
 
+# ModelConfig fields that choose how the same weights are computed, not what they are: free to differ from the
+# checkpoint's (e.g. train with Triton kernels on GPU, evaluate with the PyTorch ones on CPU).
+NOT_ARCHITECTURE = ("kernels",)
+
+
 def check_architecture(saved_arch: dict, configured: ModelConfig, source: str) -> None:
     """Raises ConfigError naming every ModelConfig field where a checkpoint's architecture (its hyperparameters'
-    `arch`) differs from the configured one."""
+    `arch`) differs from the configured one (NOT_ARCHITECTURE fields aside)."""
     saved, ours = asdict(ModelConfig(**saved_arch)), asdict(configured)
     differences = [f"{name} (checkpoint {saved[name]!r}, configured {ours[name]!r})" for name in ours
-                   if saved[name] != ours[name]]
+                   if saved[name] != ours[name] and name not in NOT_ARCHITECTURE]
     if differences:
         raise ConfigError(f"{source} was trained with another architecture than configured: model.arch."
                           + "; model.arch.".join(differences)
@@ -177,8 +181,7 @@ class LanguageModule(L.LightningModule):
         """Mean next-token cross-entropy of a [B, T+1] block batch, and the number of predicted tokens."""
         batch = batch.long()
         inputs, targets = batch[:, :-1], batch[:, 1:]
-        logits = self.model(inputs)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        loss = self.model(inputs, targets=targets)  # chunked soft-capped cross-entropy: no [B, T, vocab] logits
         return loss, targets.numel()
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:

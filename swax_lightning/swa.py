@@ -8,8 +8,8 @@ Decisions:
   change only the sliding layers.
 - RoPE at absolute positions (docs/design.md section 2), so a query's relative view is the same at any offset.
 - GQA: n_kv_heads key/value heads shared by groups of query heads.
-- The attention itself is `kernels.sliding_window_attention`: the blocked O(T * W) PyTorch path on CPU, the Triton
-  kernel on CUDA tensors (kernels/ chooses). The model never sees which.
+- The attention itself is `kernels.sliding_window_attention`, with the backend the config's `kernels.attention`
+  names (auto: SDPA for full attention, the blocked O(T * W) PyTorch path on CPU, flash-attn or Triton on GPU).
 - Streaming inference passes a cache (cache.py) and the tokens' absolute positions; the cache then holds the keys
   and values the chunk needs, and nothing else changes.
 """
@@ -32,6 +32,7 @@ class Attention(nn.Module):
         self.sliding = sliding
         self.window: int | None = cfg.window if sliding else None
         self.n_sink = cfg.n_sink if sliding else 0
+        self.kernel = cfg.kernels["attention"]
         self.q_proj = nn.Linear(cfg.d_model, self.n_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(cfg.d_model, self.n_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(cfg.d_model, self.n_kv_heads * self.head_dim, bias=False)
@@ -52,7 +53,7 @@ class Attention(nn.Module):
         k = rope_rotate(self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim), positions, self.rope_theta)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
         if cache is None:
-            out = sliding_window_attention(q, k, v, self.window, self.n_sink)
+            out = sliding_window_attention(q, k, v, self.window, self.n_sink, kernel=self.kernel)
         else:
             out = cache.attend(q, k, v, positions)
         return self.out_proj(out.reshape(B, T, -1))

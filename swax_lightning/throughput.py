@@ -1,16 +1,22 @@
 """TokenThroughput: Lightning's ThroughputMonitor counting tokens and model FLOPs, nameable in a YAML config.
 
 ThroughputMonitor needs two functions (batch -> sequences, batch -> items), which a YAML file cannot hold, and reads
-`flops_per_batch` from the LightningModule for FLOP/s and MFU. This subclass fixes the functions for [B, T+1] token
-blocks and measures the FLOPs of one training batch (forward + backward) with Lightning's `measure_flops` on a meta-
-device copy of the model (no memory, no compute), at the configured window. It logs train/device/items_per_sec
-(tokens/s per device), train/items_per_sec (all devices), samples_per_sec and, on GPUs Lightning knows, flops/mfu.
-Prediction (prompt strings, generation) is not counted.
+`flops_per_batch` from the LightningModule on every step for FLOP/s and MFU. This subclass fixes the functions for
+[B, T+1] token blocks and sets `flops_per_batch` before each step's update from an analytic count at the window that
+step actually trained with (the stochastic arms train mostly at short windows, so one count at the config window
+would overstate MFU). It logs train/device/items_per_sec (tokens/s per device), train/items_per_sec (all devices),
+samples_per_sec and, on GPUs Lightning knows, flops/mfu. Prediction (prompt strings, generation) is not counted.
+
+The count (`analytic_flops`): forward = 2 FLOPs per multiply-add of every weight matrix touched per token (all
+linear layers and the LM head; the embedding is a lookup) plus the sequence mixers' own work; forward + backward =
+3 x forward. Attention: 4 * head_dim FLOPs per query head per visible (query, key) pair, the pairs being those of the
+causal window plus sinks (what an O(T * W) kernel computes, not the masked-out work of a dense path). mLSTM and Gated
+DeltaNet chunkwise: per token and head 2 * chunk * (dqk + dv) for the intra-chunk products and 4 * dqk * dv for the
+state read and update.
 """
 from __future__ import annotations
 
 import torch
-from lightning.fabric.utilities.throughput import measure_flops
 from lightning.pytorch.callbacks import ThroughputMonitor
 
 from swax_lightning.config import ModelConfig
@@ -25,12 +31,38 @@ def _tokens(batch) -> int:
     return batch.shape[0] * (batch.shape[1] - 1)
 
 
-def flops_per_batch(cfg: ModelConfig, batch_size: int, seq_len: int) -> int:
-    """Forward + backward FLOPs of one [batch_size, seq_len] batch at the config's window, counted on meta."""
+def visible_pairs(T: int, window: int | None, n_sink: int) -> int:
+    """(query, key) pairs of causal attention over T tokens with window W and n_sink sinks."""
+    if window is None or window >= T:
+        return T * (T + 1) // 2
+    W = window
+    in_window = W * (W + 1) // 2 + (T - W) * W  # query t sees min(t + 1, W) keys in its window
+    n_sink = min(n_sink, T)
+    extra_sinks = sum(min(n_sink, t - W + 1) for t in range(W, min(T, W + n_sink))) + max(0, T - W - n_sink) * n_sink
+    return in_window + extra_sinks
+
+
+def analytic_flops(cfg: ModelConfig, batch_size: int, seq_len: int, window: int | None = None) -> int:
+    """Forward + backward FLOPs of one [batch_size, seq_len] batch with the sliding layers at `window` (default: the
+    config's)."""
+    window = cfg.window if window is None else window
     with torch.device("meta"):
-        meta = SWAXModel(cfg)
-        idx = torch.zeros(batch_size, seq_len, dtype=torch.long)
-    return measure_flops(meta, lambda: meta(idx), lambda logits: logits.sum())
+        model = SWAXModel(cfg)
+    matmul_params = sum(p.numel() for name, p in model.named_parameters() if p.dim() == 2 and name != "embed.weight")
+    if cfg.tie_embeddings:
+        matmul_params += model.lm_head.weight.numel()  # shared with the embedding, but still a matmul
+    per_sequence = 2 * matmul_params * seq_len
+    d = cfg.d_model
+    for kind in cfg.layer_kinds:
+        if kind in "SA":
+            pairs = visible_pairs(seq_len, window if kind == "S" else None, cfg.n_sink if kind == "S" else 0)
+            per_sequence += 4 * cfg.attn_head_dim * cfg.n_heads * pairs
+        else:
+            heads, qk, v = (cfg.mlstm_heads, cfg.mlstm_qk_factor, cfg.mlstm_v_factor) if kind == "X" else \
+                (cfg.deltanet_heads, cfg.deltanet_qk_factor, cfg.deltanet_v_factor)
+            dqk, dv = int(qk * d) // heads, int(v * d) // heads
+            per_sequence += heads * seq_len * (2 * cfg.chunk_size * (dqk + dv) + 4 * dqk * dv)
+    return 3 * per_sequence * batch_size
 
 
 class TokenThroughput(ThroughputMonitor):
@@ -38,6 +70,7 @@ class TokenThroughput(ThroughputMonitor):
 
     def __init__(self, window_size: int = 20):
         super().__init__(batch_size_fn=_sequences, length_fn=_tokens, window_size=window_size)
+        self._counts: dict[tuple, int] = {}  # (batch, seq_len, window) -> FLOPs: a stochastic arm cycles a few
 
     def on_predict_start(self, trainer, pl_module) -> None:
         """Prediction batches are prompt strings, not token blocks: nothing to count."""
@@ -48,5 +81,13 @@ class TokenThroughput(ThroughputMonitor):
     def setup(self, trainer, pl_module, stage: str) -> None:
         data = trainer.datamodule
         if getattr(pl_module, "flops_per_batch", None) is None and hasattr(data, "seq_len"):
-            pl_module.flops_per_batch = flops_per_batch(pl_module.arch, data.batch_size, data.seq_len)
+            pl_module.flops_per_batch = analytic_flops(pl_module.arch, data.batch_size, data.seq_len)
         super().setup(trainer, pl_module, stage)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        """Counts this step at the window it trained with (set by the window schedule at the step's start)."""
+        key = (batch.shape[0], batch.shape[1] - 1, pl_module.model.window if pl_module.model is not None else None)
+        if key not in self._counts:
+            self._counts[key] = analytic_flops(pl_module.arch, *key)
+        pl_module.flops_per_batch = self._counts[key]
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)

@@ -92,3 +92,36 @@ def test_dispatch_and_bad_shapes(monkeypatch):
         mlstm_chunkwise_triton(q, k, v, i_pre, f_pre, chunk_size=24)
     with pytest.raises(ValueError, match="head dim"):
         mlstm_chunkwise_triton(q[..., :8], k[..., :8], v, i_pre, f_pre)
+
+
+def _saturated_grad_errors(i_pre, f_pre, T=48, H=2, D=32):
+    """Relative (norm-wise) gradient errors of the Triton kernel against fp64 autograd of the parallel form, after
+    the model's per-head LayerNorm (eps 1e-6), at the given gate pre-activations; the cell's eps is the model's 1e-6."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, T, H, D, generator=g) for _ in range(3))
+    args = [x.requires_grad_() for x in (q, k, v, i_pre(T, H, g), f_pre(T, H, g))]
+    h, _ = mlstm_chunkwise_triton(*args, chunk_size=16)
+    ref = [x.detach().double().requires_grad_() for x in args]
+    h_ref, _ = mlstm_parallel(*ref)
+    w = torch.randn(h.shape, generator=g, dtype=torch.float64)
+    loss = lambda h: (F.layer_norm(h.double(), (D,), eps=1e-6) * w).sum()
+    got, want = torch.autograd.grad(loss(h), args), torch.autograd.grad(loss(h_ref), ref)
+    return {n: float((a.double() - b).norm() / b.norm()) for n, a, b in zip("qkvif", got, want)}
+
+
+def test_saturated_gates_at_the_soft_cap_have_bounded_gradient_error():
+    # Gates as the layer makes them at the soft cap (15 tanh(x / 15) of large x, both signs, random per step):
+    # measured 2e-6 (q, k), 6e-6 (i), 2e-5 (f) relative error; the bound leaves a 50x margin.
+    cap = lambda T, H, g: 15 * torch.tanh(100 * torch.randn(2, T, H, generator=g) / 15)
+    errors = _saturated_grad_errors(cap, cap)
+    assert max(errors.values()) < 1e-3, errors
+
+
+@pytest.mark.xfail(strict=True, reason="known: at i = +15, f = -15 on every step (write everything, forget "
+                   "everything) the Triton backward is off by 4% (dq, dk) and 26% (di) against fp64; the PyTorch "
+                   "chunkwise path in fp32 is off by 0.7% (dq, dk) and 1e-5 (di) there, the output being nearly "
+                   "sign(q.k) v. Strict: this fails once the kernel is fixed, to tighten the bound above.")
+def test_write_all_forget_all_gates_gradient_error():
+    errors = _saturated_grad_errors(lambda T, H, g: torch.full((2, T, H), 14.99),
+                                    lambda T, H, g: torch.full((2, T, H), -14.99))
+    assert max(errors[n] for n in "qki") < 1e-2, errors

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from kernels import sliding_window_attention, sliding_window_mask, swa_blocked, swa_reference
+from kernels.swa.blocked import swa_band
 
 CASES = [  # T, W, n_sink, Hq, Hkv, D
     (37, 1, 0, 2, 2, 8),      # W = 1: each query sees only itself
@@ -14,6 +15,9 @@ CASES = [  # T, W, n_sink, Hq, Hkv, D
     (50, 50, 0, 2, 2, 8),     # W = T: full causal
     (50, 300, 4, 2, 2, 8),    # W > T
     (5, 3, 10, 2, 2, 8),      # more sinks than tokens
+    (200, 33, 70, 4, 2, 8),   # more sinks than the window: the dense head is longer than the window
+    (100, 99, 3, 2, 2, 8),    # W = T - 1: one tail query
+    (257, 64, 1, 2, 2, 8),    # a single sink
 ]
 
 
@@ -38,14 +42,41 @@ def test_mask_convention_by_hand():
 
 @pytest.mark.parametrize("T,W,n_sink,Hq,Hkv,D", CASES)
 @pytest.mark.parametrize("min_block", [1, 64])
-def test_blocked_equals_dense_reference(T, W, n_sink, Hq, Hkv, D, min_block):
+@pytest.mark.parametrize("form", [swa_blocked, swa_band])
+def test_blocked_equals_dense_reference(T, W, n_sink, Hq, Hkv, D, min_block, form):
+    if form is swa_band and W >= T:
+        pytest.skip("the banded form is for W < T")
     q, k, v = _inputs(T, Hq, Hkv, D)
-    out = swa_blocked(q, k, v, W, n_sink, min_block=min_block)
+    out = form(q, k, v, W, n_sink, min_block=min_block)
     ref = swa_reference(q, k, v, W, n_sink)
     torch.testing.assert_close(out, ref, atol=1e-10, rtol=1e-10)
     grad = torch.randn_like(out)
     for a, b in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(ref, (q, k, v), grad)):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("W,n_sink", [(1, 0), (40, 0), (40, 4), (300, 2)])
+def test_blocked_stays_on_the_fused_kernel(W, n_sink):
+    # Only SDPA's flash kernel is allowed here: a per-block mask or a 5-D input would need the math kernel (which
+    # materialises every score) and raise.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = _inputs(150, 4, 2, 16, dtype=torch.float32)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        out = (swa_band if W < 150 else swa_blocked)(q, k, v, W, n_sink)
+        grads = torch.autograd.grad(out.sum(), (q, k, v))
+    ref = swa_reference(q, k, v, W, n_sink)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    for a, b in zip(grads, torch.autograd.grad(ref.sum(), (q, k, v))):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_long_sequences_take_the_band_and_stay_exact():
+    # T past the dense threshold with a small window: swa_blocked routes to the banded form.
+    q, k, v = _inputs(1100, 2, 1, 8)
+    out = swa_blocked(q, k, v, 30, 3)
+    torch.testing.assert_close(out, swa_reference(q, k, v, 30, 3), atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(out, swa_band(q, k, v, 30, 3), atol=0, rtol=0)
 
 
 def test_fp32_and_dispatch():

@@ -64,6 +64,11 @@ def test_dispatch_switch(monkeypatch):
 @pytest.mark.parametrize("bad,match", [(dict(D=24), "power of two"), (dict(n_sink=65), "sink")])
 def test_unsupported_shapes_are_named(bad, match):
     D = bad.get("D", 32)
-    q = torch.randn(1, 8, 2, D)
+    q = torch.randn(1, 80, 2, D)
     with pytest.raises(ValueError, match=match):
         swa_triton(q, q, q, 4, bad.get("n_sink", 0))
+
+
+def test_sinks_are_clamped_to_the_sequence_before_the_limit():
+    q = torch.randn(1, 8, 2, 16)  # 65 sinks asked, 8 exist: every key is a sink
+    torch.testing.assert_close(swa_triton(q, q, q, 4, 65), swa_reference(q, q, q, 4, 8), atol=1e-5, rtol=1e-5)

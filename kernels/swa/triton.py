@@ -233,8 +233,9 @@ class SlidingWindowAttention(torch.autograd.Function):
 
 def swa_triton(q, k, v, window: int | None, n_sink: int = 0, scale: float | None = None) -> torch.Tensor:
     """Same contract as kernels.swa.blocked.swa_blocked: q [B, T, Hq, D], k, v [B, T, Hkv, D] -> [B, T, Hq, D]."""
-    _check(q, k, v, n_sink)
     T = q.shape[1]
+    n_sink = min(n_sink, T)  # sinks past the sequence do not exist: clamp before the sink limit is checked
+    _check(q, k, v, n_sink)
     window = T if window is None or window >= T else int(window)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return SlidingWindowAttention.apply(q, k, v, window, min(n_sink, T), scale)
+    return SlidingWindowAttention.apply(q, k, v, window, n_sink, scale)

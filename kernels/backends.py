@@ -1,0 +1,128 @@
+"""Kernel backends: what each operation may run on, what each backend can take, and which one `auto` picks.
+
+Choices per operation (the model config's `kernels` field; SWAX_KERNELS=auto|torch|triton overrides every op):
+    attention  auto | torch | triton | flash | flex | sdpa
+    mlstm      auto | torch | triton
+    deltanet   auto | torch
+`auto` for attention: full causal (no window, or W >= T) -> SDPA is_causal (flash / cuDNN on GPU, the fused kernel
+on CPU); a window on CPU -> the blocked PyTorch path; a window without sinks on CUDA -> flash-attn when installed
+(fp16 / bf16), else the own Triton kernel; sinks on CUDA -> the own Triton kernel. Anything a kernel cannot take
+(head dim, too many sinks, a chunk size) falls back to the PyTorch path under `auto`.
+
+Decisions:
+- `check_choices` runs when the config is built (start-up), so a backend that is not installed, a head dim it
+  cannot take or sinks it has none of is one line naming the field, not a failure at the first GPU forward. It
+  returns (field, message) pairs and raises nothing, so config.py wraps them in its own ConfigError.
+- Sink counts are clamped to the sequence length before the 64-sink limit of the Triton kernel is applied (at run
+  time, where T is known); the config check can only use n_sink itself.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+CHOICES = {
+    "attention": ("auto", "torch", "triton", "flash", "flex", "sdpa"),
+    "mlstm": ("auto", "torch", "triton"),
+    "deltanet": ("auto", "torch"),
+}
+DEFAULTS = {op: "auto" for op in CHOICES}
+ENV_CHOICES = ("auto", "torch", "triton")
+TRITON_MAX_SINKS = 64  # the Triton SWA kernel's key block: sinks must fit in one
+TRITON_MLSTM_CHUNKS = (16, 32, 64, 128)
+
+
+def installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def env_override() -> str | None:
+    """SWAX_KERNELS when set (validated), else None."""
+    choice = os.environ.get("SWAX_KERNELS", "").lower()
+    if not choice:
+        return None
+    if choice not in ENV_CHOICES:
+        raise ValueError(f"SWAX_KERNELS={choice!r}: expected one of {', '.join(ENV_CHOICES)}")
+    return choice
+
+
+def triton_attention_fits(head_dim: int, n_sink: int) -> bool:
+    return 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0 and n_sink <= TRITON_MAX_SINKS
+
+
+def triton_mlstm_fits(qk_head_dim: int, v_head_dim: int, chunk_size: int) -> bool:
+    return min(qk_head_dim, v_head_dim) >= 16 and chunk_size in TRITON_MLSTM_CHUNKS
+
+
+def flash_fits(head_dim: int) -> bool:
+    return head_dim <= 256 and head_dim % 8 == 0
+
+
+def check_choices(kernels: dict, *, uses_attention: bool, uses_mlstm: bool, attn_head_dim: int, n_sink: int,
+                  mlstm_qk_head_dim: int, mlstm_v_head_dim: int, chunk_size: int) -> list[tuple[str, str]]:
+    """(field, message) for every backend constraint the config breaks; empty when all fit. Names are checked for
+    every operation; constraints only for those the model uses (n_sink: that of its sliding layers, 0 if none)."""
+    problems = []
+    for op, choice in kernels.items():
+        if op not in CHOICES:
+            problems.append((f"kernels.{op}", f"unknown operation; expected {', '.join(CHOICES)}"))
+        elif choice not in CHOICES[op]:
+            problems.append((f"kernels.{op}", f"must be one of {', '.join(CHOICES[op])} (got {choice!r})"))
+    if problems:
+        return problems
+    attention = kernels["attention"] if uses_attention else "auto"
+    mlstm = kernels["mlstm"] if uses_mlstm else "auto"
+    if attention in ("triton", "flex", "flash") and not installed(
+            {"triton": "triton", "flex": "triton", "flash": "flash_attn"}[attention]):
+        problems.append(("kernels.attention", f"{attention} needs the package "
+                         f"{'flash-attn' if attention == 'flash' else 'triton'}, which is not installed"))
+    if attention == "triton" and not triton_attention_fits(attn_head_dim, n_sink):
+        problems.append(("kernels.attention", f"triton takes head dims that are powers of two in [16, 256] and at "
+                         f"most {TRITON_MAX_SINKS} sinks (head dim {attn_head_dim}, n_sink {n_sink})"))
+    if attention == "flash" and not flash_fits(attn_head_dim):
+        problems.append(("kernels.attention",
+                         f"flash takes head dims <= 256 and a multiple of 8 (got {attn_head_dim})"))
+    if attention == "flash" and n_sink:
+        problems.append(("kernels.attention", f"flash has no sink tokens: set n_sink 0 or use triton / flex "
+                         f"(n_sink {n_sink})"))
+    if mlstm == "triton" and not installed("triton"):
+        problems.append(("kernels.mlstm", "triton needs the package triton, which is not installed"))
+    if mlstm == "triton" and not triton_mlstm_fits(mlstm_qk_head_dim, mlstm_v_head_dim, chunk_size):
+        problems.append(("kernels.mlstm", f"triton takes head dims >= 16 and chunk_size in {TRITON_MLSTM_CHUNKS} "
+                         f"(q/k head dim {mlstm_qk_head_dim}, v head dim {mlstm_v_head_dim}, chunk {chunk_size})"))
+    return problems
+
+
+def attention_backend(choice: str, *, is_cuda: bool, dtype, head_dim: int, T: int, window: int | None,
+                      n_sink: int) -> str:
+    """The concrete attention backend for one call: torch | triton | flash | flex | sdpa | causal."""
+    choice = env_override() or choice
+    full = window is None or window >= T
+    if choice != "auto":
+        return choice
+    if full:
+        return "causal"
+    if not is_cuda:
+        return "torch"
+    import torch
+
+    n_sink = min(n_sink, T)
+    if n_sink == 0 and installed("flash_attn") and dtype in (torch.float16, torch.bfloat16) and flash_fits(head_dim):
+        return "flash"
+    return "triton" if triton_attention_fits(head_dim, n_sink) else "torch"
+
+
+def mlstm_backend(choice: str, *, is_cuda: bool, qk_head_dim: int, v_head_dim: int, chunk_size: int) -> str:
+    """The concrete mLSTM backend for one call: torch | triton."""
+    choice = env_override() or choice
+    if choice != "auto":
+        return choice
+    return "triton" if is_cuda and triton_mlstm_fits(qk_head_dim, v_head_dim, chunk_size) else "torch"
+
+
+def deltanet_backend(choice: str) -> str:
+    """Gated DeltaNet has only the PyTorch forms; an explicit `triton` override is an error."""
+    choice = env_override() or choice
+    if choice == "triton":
+        raise NotImplementedError("SWAX_KERNELS=triton: no Triton kernel for 'gated_delta'; use auto or torch")
+    return "torch"

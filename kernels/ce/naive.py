@@ -1,0 +1,21 @@
+"""Plain soft-capped cross-entropy: the reference the chunked loss is compared with.
+
+It builds the full [N, V] logits (fp32, or fp64 for an fp64 model), caps them as cap * tanh(z / cap) and takes the
+mean cross-entropy; autograd keeps the logits, their capped copy and the softmax for the backward, so at N = 4 x 16k
+tokens and V = 50k it holds about three 12 GiB tensors. Exact, and used for tests and the memory benchmark.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels.mlstm.naive import fp32
+
+
+def softcap_cross_entropy_reference(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                                    cap: float) -> torch.Tensor:
+    """h [N, d] final hidden states, weight [V, d] the LM head, targets [N] -> mean loss (a scalar)."""
+    logits = fp32(h @ weight.T)
+    if cap > 0:
+        logits = cap * torch.tanh(logits / cap)
+    return F.cross_entropy(logits, targets)

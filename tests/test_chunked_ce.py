@@ -1,0 +1,61 @@
+"""Chunked soft-capped cross-entropy against the plain loss (full logits), forward and backward, and the model's
+training loss through it equal to cross-entropy on the model's logits."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.ce.chunked import softcap_cross_entropy_chunked
+from kernels.ce.naive import softcap_cross_entropy_reference
+from swax_lightning.config import ModelConfig
+from swax_lightning.model import SWAXModel
+
+
+@pytest.mark.parametrize("N,V,rows,cap", [
+    (37, 11, 8, 30.0),     # N not a multiple of rows
+    (37, 11, 37, 30.0),    # one chunk
+    (37, 11, 1, 30.0),     # a row per chunk
+    (64, 300, 16, 0.0),    # no cap
+    (20, 50, 7, 2.0),      # a tight cap: tanh saturates, its derivative matters
+])
+def test_chunked_equals_plain_fwd_bwd(N, V, rows, cap):
+    g = torch.Generator().manual_seed(0)
+    h = (3 * torch.randn(N, 16, generator=g, dtype=torch.float64)).requires_grad_()
+    w = torch.randn(V, 16, generator=g, dtype=torch.float64).requires_grad_()
+    t = torch.randint(0, V, (N,), generator=g)
+    out = softcap_cross_entropy_chunked(h, w, t, cap, rows)
+    ref = softcap_cross_entropy_reference(h, w, t, cap)
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-12)
+    for a, b in zip(torch.autograd.grad(2.5 * out, (h, w)), torch.autograd.grad(2.5 * ref, (h, w))):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+
+
+def test_bf16_inputs_match_the_plain_loss():
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(50, 32, generator=g).bfloat16().requires_grad_()
+    w = torch.randn(70, 32, generator=g).bfloat16().requires_grad_()
+    t = torch.randint(0, 70, (50,), generator=g)
+    out, ref = softcap_cross_entropy_chunked(h, w, t, 30.0, 16), softcap_cross_entropy_reference(h, w, t, 30.0)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    for a, b in zip(torch.autograd.grad(out, (h, w)), torch.autograd.grad(ref, (h, w))):
+        assert a.dtype == torch.bfloat16
+        torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_model_training_loss_is_cross_entropy_of_its_logits():
+    torch.manual_seed(0)
+    model = SWAXModel(ModelConfig(d_model=32, n_heads=2, mlstm_heads=2, window=8, chunk_size=8)).double()
+    idx = torch.randint(0, 257, (2, 21))
+    inputs, targets = idx[:, :-1], idx[:, 1:]
+    loss = model(inputs, targets=targets)
+    logits = model(inputs)
+    ref = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    torch.testing.assert_close(loss, ref, atol=1e-12, rtol=1e-12)
+    params = list(model.parameters())
+    for a, b in zip(torch.autograd.grad(loss, params), torch.autograd.grad(ref, params)):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+def test_bad_rows_is_named():
+    with pytest.raises(ValueError, match="rows"):
+        softcap_cross_entropy_chunked(torch.zeros(2, 2), torch.zeros(3, 2), torch.zeros(2, dtype=torch.long), 1.0, 0)

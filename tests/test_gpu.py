@@ -1,0 +1,114 @@
+"""GPU checks (`pytest -m gpu`, skipped without CUDA): every attention backend (own Triton, flash-attn, FlexAttention,
+dense SDPA, the blocked PyTorch path, full causal SDPA) and both mLSTM backends run on CUDA against the PyTorch /
+fp64 references, forward and backward, on odd shapes; `auto` resolves to the backends it promises; the chunked loss
+on CUDA. Kernels that are not installed are skipped by name, never silently passed. benchmarks/gpu_check.sh runs
+these first."""
+import pytest
+import torch
+
+from kernels import backends, mlstm_chunkwise, sliding_window_attention, swa_reference
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+SHAPES = [  # T, W, n_sink, Hq, Hkv, D
+    (1000, 1, 0, 4, 4, 64),      # W = 1
+    (1000, 128, 0, 4, 2, 128),   # GQA, T not a multiple of 64
+    (1000, 128, 4, 4, 4, 64),    # sinks
+    (777, 2048, 0, 2, 2, 128),   # W >= T: full causal
+    (4099, 512, 64, 2, 1, 128),  # the sink limit, multi-query
+]
+
+
+def _needs(kernel: str, n_sink: int):
+    if kernel == "flash":
+        if not backends.installed("flash_attn"):
+            pytest.skip("flash-attn is not installed")
+        if n_sink:
+            pytest.skip("flash-attn has no sinks")
+
+
+def _qkv(T, Hq, Hkv, D, dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return [torch.randn(2, T, h, D, device="cuda", dtype=dtype, generator=g).requires_grad_() for h in (Hq, Hkv, Hkv)]
+
+
+def _check_against_fp64(kernel, T, W, n_sink, Hq, Hkv, D, dtype, tol):
+    _needs(kernel, n_sink)
+    q, k, v = _qkv(T, Hq, Hkv, D, dtype)
+    out = sliding_window_attention(q, k, v, W, n_sink, kernel=kernel)
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    ref = swa_reference(q64, k64, v64, W, n_sink)
+    torch.testing.assert_close(out.double(), ref, **tol)
+    grad = torch.randn_like(ref)
+    got = torch.autograd.grad(out, (q, k, v), grad.to(dtype))
+    want = torch.autograd.grad(ref, (q64, k64, v64), grad)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.double(), b, **tol)
+
+
+@pytest.mark.parametrize("kernel", ["triton", "flex", "sdpa", "torch", "auto"])
+@pytest.mark.parametrize("T,W,n_sink,Hq,Hkv,D", SHAPES)
+def test_attention_fp32(kernel, T, W, n_sink, Hq, Hkv, D):
+    _check_against_fp64(kernel, T, W, n_sink, Hq, Hkv, D, torch.float32, dict(atol=2e-3, rtol=2e-3))
+
+
+@pytest.mark.parametrize("kernel", ["triton", "flash", "flex", "sdpa", "torch", "auto"])
+@pytest.mark.parametrize("T,W,n_sink,Hq,Hkv,D", SHAPES)
+def test_attention_bf16(kernel, T, W, n_sink, Hq, Hkv, D):
+    _check_against_fp64(kernel, T, W, n_sink, Hq, Hkv, D, torch.bfloat16, dict(atol=6e-2, rtol=6e-2))
+
+
+def test_auto_resolves_as_documented():
+    q = torch.zeros(1, 256, 2, 128, device="cuda", dtype=torch.bfloat16)
+    pick = lambda **kw: backends.attention_backend("auto", is_cuda=True, dtype=q.dtype, head_dim=128, T=256, **kw)
+    assert pick(window=None, n_sink=0) == "causal"
+    assert pick(window=64, n_sink=4) == "triton"
+    assert pick(window=64, n_sink=0) == ("flash" if backends.installed("flash_attn") else "triton")
+
+
+@pytest.mark.parametrize("T,H,dqk,dv,chunk,gates", [
+    (1000, 2, 64, 128, 64, "moderate"),
+    (300, 2, 256, 512, 64, "moderate"),   # the xLSTM-7B head shape: tiled head dims
+    (257, 2, 32, 32, 16, "saturated"),    # the largest gates the layer can make (soft cap 15)
+])
+def test_mlstm_triton_matches_torch(T, H, dqk, dv, chunk, gates):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    make = lambda *s: torch.randn(*s, device="cuda", generator=g)
+    q, k, v = make(1, T, H, dqk), make(1, T, H, dqk), make(1, T, H, dv)
+    scale = 15.0 if gates == "saturated" else 1.0
+    i_pre = (scale * torch.tanh(3 * make(1, T, H))).requires_grad_()
+    f_pre = (3 + scale * torch.tanh(3 * make(1, T, H))).requires_grad_()
+    leaves = [x.requires_grad_() for x in (q, k, v)] + [i_pre, f_pre]
+    norm = lambda h: torch.nn.functional.layer_norm(h, (h.shape[-1],), eps=1e-6)  # the layer's per-head norm
+    outs = []
+    for kernel in ("triton", "torch"):
+        h, state = mlstm_chunkwise(*leaves, chunk_size=chunk, kernel=kernel)
+        y = norm(h)
+        outs.append((y, state, torch.autograd.grad(y.square().sum(), leaves)))
+    (y_t, s_t, g_t), (y_r, s_r, g_r) = outs
+    torch.testing.assert_close(y_t, y_r, atol=2e-3, rtol=2e-3)
+    rescale = torch.exp(s_t.m - s_r.m)[..., None, None]  # the two forms may stabilise the state differently
+    torch.testing.assert_close(s_t.C * rescale, s_r.C, atol=2e-3, rtol=2e-3)
+    for a, b in zip(g_t, g_r):
+        rel = (a - b).norm() / b.norm().clamp_min(1e-12)
+        assert rel < 1e-2, float(rel)
+
+
+def test_mlstm_auto_is_triton_on_cuda():
+    q = torch.zeros(1, 64, 2, 64, device="cuda")
+    assert backends.mlstm_backend("auto", is_cuda=q.is_cuda, qk_head_dim=64, v_head_dim=64, chunk_size=64) == "triton"
+
+
+def test_chunked_loss_on_cuda():
+    from kernels.ce.chunked import softcap_cross_entropy_chunked
+    from kernels.ce.naive import softcap_cross_entropy_reference
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    h = torch.randn(3000, 256, device="cuda", generator=g).bfloat16().requires_grad_()
+    w = (0.05 * torch.randn(50304, 256, device="cuda", generator=g)).bfloat16().requires_grad_()
+    t = torch.randint(0, 50304, (3000,), device="cuda", generator=g)
+    out, ref = softcap_cross_entropy_chunked(h, w, t, 30.0), softcap_cross_entropy_reference(h, w, t, 30.0)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    for a, b in zip(torch.autograd.grad(out, (h, w)), torch.autograd.grad(ref, (h, w))):
+        torch.testing.assert_close(a.float(), b.float(), atol=1e-2, rtol=5e-2)
