@@ -4,11 +4,12 @@ The oracle: K ranks with batch b per rank against one process trained in this te
 ranks consumed (the K batches of a step concatenated in rank order): the same per-step loss (the mean of the ranks'
 losses) within 1e-5 in fp32, the same all-gathered parameters on every rank after every step, and final weights (from
 the consolidated distributed checkpoint) equal to the 1-process run's within 1e-5. Run for K = 2 through the README's
-rehearsal command (Lightning launches the processes) and for 2 "nodes" x 2 devices with HSDP through two torchrun
-launches on localhost. Then: a run killed with SIGKILL inside a validation resumes on all ranks from last.ckpt and
-continues exactly (the interrupted validation runs again); `main.py test` of the distributed checkpoint under 2-process
-FSDP2 scores what 1 process scores on its consolidated file; the consolidated file loads in generate and resumes a
-1-process fit; a distributed checkpoint given to a 1-process run is one clear error line.
+rehearsal command (Lightning launches the processes) and for 2 "nodes" x 2 devices, fully sharded (as the paper
+configs) and with HSDP, through two torchrun launches on localhost. Then: a run killed with SIGKILL inside a
+validation resumes on all ranks from last.ckpt and continues exactly (the interrupted validation runs again);
+`main.py test` of the distributed checkpoint under 2-process FSDP2 scores what 1 process scores on its consolidated
+file; the consolidated file loads in generate and resumes a 1-process fit; a distributed checkpoint given to a
+1-process run is one clear error line.
 """
 import json
 import os
@@ -127,11 +128,12 @@ def test_two_ranks_train_what_one_process_trains(tmp_path, data_dir, two_rank_ru
     _assert_one_model(records, ref_losses, ref_state, _ckpt(two_rank_run))
 
 
-def test_two_nodes_of_two_devices_with_hsdp_train_one_model(tmp_path, data_dir):
+@pytest.mark.parametrize("strategy", ["fsdp2", "hsdp"])  # the paper configs' full sharding; HSDP
+def test_two_nodes_of_two_devices_train_one_model(tmp_path, data_dir, strategy):
     port = _free_port()
     args = ["fit", "--config", str(ROOT / "configs/tiny_stochastic.yaml"),
             *_args(tmp_path, data_dir, tmp_path / "records"), "--trainer.num_nodes", "2", "--trainer.devices", "2",
-            "--trainer.strategy", "hsdp"]
+            "--trainer.strategy", strategy]
     env = os.environ | {"PYTHONPATH": str(ROOT)}
     nodes = [subprocess.Popen(_torchrun(2, n, port, *args), cwd=ROOT, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for n in (0, 1)]
