@@ -58,10 +58,15 @@ write(1, b"\\n" + sentinel + b"\\n")
 # ordinary signal semantics, and every process left in the namespace dies when the shell ends.
 SANDBOX = """
 awk '{print $2}' /proc/self/mounts | while read -r m; do mount -o remount,bind,ro "$m" 2>/dev/null; done
-for d in /tmp /var/tmp /dev/shm; do [ -d "$d" ] && mount -t tmpfs -o size=64m,mode=1777 tmpfs "$d"; done
+for d in /tmp /var/tmp /dev/shm; do
+  case "$1" in "$d"/*) continue;; esac  # never hide the interpreter (a checkout or venv under /tmp)
+  [ -d "$d" ] && mount -t tmpfs -o size=64m,mode=1777 tmpfs "$d"
+done
 cd /tmp || exit 111
 setpriv --bounding-set=-all --inh-caps=-all --no-new-privs "$@"
 """
+# The program needs the standard library only: the base interpreter (outside any venv), by its real path.
+INTERPRETER = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
 NAMESPACES = ["--user", "--map-root-user", "--mount", "--net", "--pid", "--fork", "--kill-child", "--mount-proc"]
 
 
@@ -118,7 +123,7 @@ def passes(program: str, tests: str, timeout: float = 10.0) -> bool:
     """True iff `program` followed by `tests` (assert statements) runs to its end, within the timeout."""
     sentinel = secrets.token_hex(16)
     job = json.dumps({"sentinel": sentinel, "source": f"{program}\n\n{tests}\n"})
-    command = [*sandbox_prefix(), sys.executable, "-I", "-c", RUNNER]
+    command = [*sandbox_prefix(), INTERPRETER, "-I", "-c", RUNNER]
     processes = _user_processes() + EXTRA_PROCESSES
     with tempfile.TemporaryDirectory() as folder:
         child = subprocess.Popen(command, cwd=folder, env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
