@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The README's 2-process rehearsal of a cluster run (tests/test_distributed.py checks that the README prints it).
 REHEARSAL = (".venv/bin/python main.py fit --config configs/tiny_stochastic.yaml --trainer.devices 2 "
              "--trainer.strategy fsdp2")
-STEPS, PER_RANK_BATCH = 6, 2
+STEPS, PER_RANK_BATCH = 4, 2
 pytestmark = pytest.mark.slow
 
 
