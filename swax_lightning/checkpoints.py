@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 LAST = "last.ckpt"
 
@@ -39,7 +40,7 @@ class LatestCheckpoint(Callback):
 
     Args:
         every_n_train_steps: Also save every this many optimizer steps (0 = only after validations and at the end).
-        dirpath: Folder of last.ckpt (default: the ModelCheckpoint's folder, else <log_dir>/checkpoints).
+        dirpath: Folder of last.ckpt (default: the ModelCheckpoint's folder, else <run folder>/checkpoints).
     """
 
     def __init__(self, every_n_train_steps: int = 0, dirpath: str | None = None):
@@ -84,7 +85,19 @@ class LatestCheckpoint(Callback):
             return Path(self.dirpath)
         if trainer.checkpoint_callback is not None and trainer.checkpoint_callback.dirpath:
             return Path(trainer.checkpoint_callback.dirpath)
-        return Path(trainer.log_dir or trainer.default_root_dir) / "checkpoints"
+        return run_folder(trainer) / "checkpoints"
+
+
+def run_folder(trainer) -> Path:
+    """The folder of a run's checkpoints and config: <save_dir>/<name>/<version> of the first logger (for TensorBoard
+    and CSV, their log_dir; W&B's project and run id otherwise), the Trainer's default_root_dir without a logger."""
+    if not trainer.loggers:
+        return Path(trainer.default_root_dir)
+    logger = trainer.loggers[0]
+    if isinstance(logger, (TensorBoardLogger, CSVLogger)):
+        return Path(logger.log_dir)
+    version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
+    return Path(logger.save_dir or trainer.default_root_dir) / str(logger.name) / version
 
 
 def _validation_due(trainer) -> bool:

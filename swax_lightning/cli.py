@@ -7,7 +7,9 @@ every swax-lightning run shares.
   `main.py test` runs after its test loop (none when empty).
 - `experiment:` and `arm:` name the run: its logs and checkpoints go to <save_dir>/<experiment>/<arm>/ with a
   TensorBoardLogger or CSVLogger (name = experiment, version = arm) and with a WandbLogger (project = experiment,
-  run name and id = arm; W&B keeps its own files in <save_dir>/wandb/). A rerun or resume of an arm continues in the
+  run name and id = arm; W&B keeps its own files in <save_dir>/wandb/). The run's config.yaml goes to that folder
+  too, whatever the logger (Lightning writes it to the bare save_dir for loggers other than TensorBoard and CSV,
+  where the arms of a study would overwrite each other's). A rerun or resume of an arm continues in the
   same folder, and `tensorboard --logdir runs` lines the arms of a study up side by side. `--print_config` prints
   the run folder as its first line (a YAML comment) and the logger settings that make it.
 - `extends: other.yaml` at the top of a config file (given with `--config` or `-c`) puts that file's settings first,
@@ -43,11 +45,11 @@ import torch
 import yaml
 from jsonargparse import ArgumentError
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
-from swax_lightning.checkpoints import refuse_unloadable_checkpoint
+from swax_lightning.checkpoints import refuse_unloadable_checkpoint, run_folder
 from swax_lightning.config import ConfigError, ModelConfig
 from swax_lightning.data import TextDataModule
 from swax_lightning.evals.suite import EvalSuite
@@ -210,6 +212,16 @@ def name_run(cfg) -> Path | None:
     return run_dirs[0] if run_dirs else None
 
 
+class RunFolderConfig(SaveConfigCallback):
+    """Writes the run's config.yaml into its run folder (`run_folder`) for every logger; on rank 0 only."""
+
+    def save_config(self, trainer, pl_module, stage) -> None:
+        folder = run_folder(trainer)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.parser.save(self.config, str(folder / self.config_filename), skip_none=False, overwrite=self.overwrite,
+                         multifile=self.multifile)
+
+
 def check_checkpoint(cfg, subcommand: str) -> None:
     """Start-up checks of --ckpt_path: it exists, and a checkpoint file's architecture is the configured one; an
     evaluation without a checkpoint needs --allow_random_weights."""
@@ -317,5 +329,6 @@ def _file_setting(value: str, keys: list[str]) -> str | None:
 
 def main(args: list[str] | None = None) -> None:
     """`python main.py ...` and the `swax` console script: runs the command line `args` (default: sys.argv[1:])."""
-    SwaxCLI(LanguageModule, TextDataModule, seed_everything_default=0, save_config_kwargs={"overwrite": True},
+    SwaxCLI(LanguageModule, TextDataModule, seed_everything_default=0, save_config_callback=RunFolderConfig,
+            save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
             args=args)

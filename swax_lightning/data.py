@@ -17,6 +17,11 @@ Decisions:
   the field or file: the model's vocab_size against the tokenizer's, the configured tokenizer against the one the
   shards were made with (by content fingerprint), each shard's size and content checksum (shards.py), and a train
   split holding at least one batch per device and worker.
+- The training split's documents are written in a fixed shuffled order (a pure function of the document list), not
+  the source's: litdata shuffles the order of chunks and the items inside each, so a run that reads fewer blocks
+  than a chunk holds (about 4,000 blocks of 1,024 tokens) sees one chunk's documents only. In source order that was
+  a few neighbouring files, and with `recall` documents appended after the text, a 250-step study arm read no
+  recall document at all.
 - `recall` adds synthetic long-range recall documents (recall.py) to the training split only, so validation and test
   losses stay those of the source's text; meta.json records their tokens and share of the training split.
 - Resume mid-epoch is Lightning's: it saves the StreamingDataLoader state in the checkpoint.
@@ -29,6 +34,7 @@ import functools
 import json
 import multiprocessing
 import os
+import random
 import re
 import shutil
 import signal
@@ -51,8 +57,18 @@ from swax_lightning.shards import check_checksums, check_sizes, checksums, split
 from swax_lightning.tokenizer import load_tokenizer
 
 RECALL_PREFIX = "recall:"
+TRAIN_ORDER = "shuffled"  # recorded in meta.json: shards written in source order are not reused
 SPLITS = ("train", "val", "test")
 CHUNK_TOKENS = 1 << 22  # ~4M tokens per shard file, rounded down to whole blocks
+
+
+def shuffled(refs: list[str]) -> list[str]:
+    """The training split's document order: a fixed permutation of `refs` (the same on every machine)."""
+    order = list(refs)
+    random.Random(f"train-order-{len(order)}").shuffle(order)
+    return order
+
+
 # fork needs no importable __main__ (notebooks, stdin, pytest) and starts fast; macOS keeps its default (spawn).
 START_METHOD = "fork" if sys.platform == "linux" else None
 UNDECODABLE_EXAMPLES = 3
@@ -63,10 +79,12 @@ def _tokenizer(spec: str):
     return load_tokenizer(spec)
 
 
-def tokenize_ref(ref: str, tokenizer: str, split: str, val_fraction: float, test_fraction: float,
-                 recall: dict | None = None):
-    """litdata `optimize` worker: yields one token array per document of `ref` that belongs to `split` (a recall
-    document, ref "recall:<index>", belongs to the training split)."""
+def tokenize_ref(position: int, refs: list[str], tokenizer: str, split: str, val_fraction: float,
+                 test_fraction: float, recall: dict | None = None):
+    """litdata `optimize` worker: yields one token array per document of `refs[position]` that belongs to `split` (a
+    recall document, ref "recall:<index>", belongs to the training split). The inputs are positions, not the refs
+    themselves: litdata treats inputs that name files as its input folder and wants every input to name one."""
+    ref = refs[position]
     tok = _tokenizer(tokenizer)
     dtype = np.uint16 if tok.vocab_size <= 1 << 16 else np.int32
     if ref.startswith(RECALL_PREFIX):
@@ -140,7 +158,7 @@ class TextDataModule(L.LightningDataModule):
             return {"seq_len": self.seq_len}
         return {"source": self.source, "tokenizer": self.tokenizer_spec, "seq_len": self.seq_len,
                 "val_fraction": self.val_fraction, "test_fraction": self.test_fraction,
-                "recall": asdict(self.recall) if self.recall else None}
+                "recall": asdict(self.recall) if self.recall else None, "train_order": TRAIN_ORDER}
 
     @property
     def tokenizer(self):
@@ -169,11 +187,11 @@ class TextDataModule(L.LightningDataModule):
             with _interruptible():
                 recall = [f"{RECALL_PREFIX}{i}" for i in range(self.recall.documents)] if self.recall else []
                 for split in SPLITS:
-                    fn = functools.partial(tokenize_ref, tokenizer=self.tokenizer_spec, split=split,
+                    ordered = shuffled(refs + recall) if split == "train" else refs
+                    fn = functools.partial(tokenize_ref, refs=ordered, tokenizer=self.tokenizer_spec, split=split,
                                            val_fraction=self.val_fraction, test_fraction=self.test_fraction,
                                            recall=asdict(self.recall) if self.recall else None)
-                    inputs = refs + recall if split == "train" else refs
-                    optimize(fn=fn, inputs=inputs, output_dir=str(tmp / split), chunk_size=chunk,
+                    optimize(fn=fn, inputs=list(range(len(ordered))), output_dir=str(tmp / split), chunk_size=chunk,
                              item_loader=TokensLoader(), num_workers=1, reorder_files=False, verbose=False,
                              start_method=START_METHOD)
             meta = (self._expected_meta() | self._measure(refs, tmp)

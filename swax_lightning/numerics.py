@@ -6,7 +6,10 @@ that step, last.ckpt included, holds NaN weights.
 Decisions:
 - Checked after the backward, before the optimizer step (`on_before_optimizer_step`): the step's loss (every
   micro-batch of it) and the global gradient norm (over all shards under FSDP2). The ranks agree on the decision (one
-  boolean all-reduce), so no rank is left waiting in a collective the others abandoned.
+  boolean all-reduce), so no rank is left waiting in a collective the others abandoned. The losses and the norm stay
+  on the device until that decision: one host sync per optimizer step, none per micro-batch. The norm is computed
+  here as well as by the Trainer's clipping: one extra read of the gradients, small beside the step, and it keeps the
+  guard independent of whether clipping is on.
 - `action: stop` (default) raises an error naming the step, the loss and the norm before the weights change, so the
   weights and every checkpoint stay finite. `action: skip` drops the step's gradients (AdamW leaves parameters without a
   gradient untouched: no update, no weight decay), logs train/skipped_steps, and stops after `max_skips` skipped steps
@@ -15,7 +18,6 @@ Decisions:
 """
 from __future__ import annotations
 
-import math
 import warnings
 from typing import Literal
 
@@ -42,23 +44,23 @@ class NumericsGuard(Callback):
             raise ValueError(f"NumericsGuard.max_skips must be >= 1 (got {max_skips})")
         self.action, self.max_skips = action, max_skips
         self.skipped_in_a_row, self.skipped = 0, 0
-        self._loss_finite = True
+        self._step_losses: list[torch.Tensor] = []
 
     def on_before_backward(self, trainer, pl_module, loss: torch.Tensor) -> None:
-        self._loss_finite &= bool(torch.isfinite(loss.detach()))
-        self._last_loss = float(loss.detach())
+        self._step_losses.append(loss.detach())  # kept on the device: no host sync per micro-batch
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
-        norm = _global_norm(grads)
-        bad = not (self._loss_finite and math.isfinite(norm))
-        bad = trainer.strategy.reduce_boolean_decision(bad, all=False)  # any rank
-        self._loss_finite = True
-        if not bad:
+        losses = torch.stack(self._step_losses) if self._step_losses else torch.zeros(0)
+        self._step_losses = []
+        norm = _global_norm(grads, losses.device)
+        bad = ~(torch.isfinite(losses).all() & torch.isfinite(norm))
+        # The one host sync of the step; the ranks agree (any rank bad = all stop or skip together).
+        if not trainer.strategy.reduce_boolean_decision(bool(bad), all=False):
             self.skipped_in_a_row = 0
             return
-        what = (f"non-finite loss or gradient at step {trainer.global_step} (loss {self._last_loss}, "
-                f"gradient norm {norm})")
+        what = (f"non-finite loss or gradient at step {trainer.global_step} (loss {losses.tolist()}, "
+                f"gradient norm {float(norm)})")
         self.skipped_in_a_row += 1
         if self.action == "stop" or self.skipped_in_a_row > self.max_skips:
             raise NonFiniteError(f"{what}: training stopped before the weights changed; the checkpoints hold the last "
@@ -76,8 +78,8 @@ class NumericsGuard(Callback):
         self.skipped, self.skipped_in_a_row = state["skipped"], state["skipped_in_a_row"]
 
 
-def _global_norm(grads: list[torch.Tensor]) -> float:
+def _global_norm(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     if not grads:
-        return 0.0
+        return torch.zeros((), device=device)
     norm = torch.nn.utils.get_total_norm(grads)
-    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: reduced over all shards
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: reduced over all shards

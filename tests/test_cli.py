@@ -256,17 +256,29 @@ def test_print_config_shows_the_run_folder_of_each_logger(tmp_path, capsys, logg
 
 
 @pytest.mark.slow
-def test_csv_logger_run_goes_to_the_arm_folder(tmp_path):
+@pytest.mark.parametrize("logger", ["CSVLogger", "WandbLogger"])
+def test_a_run_of_any_logger_goes_to_the_arm_folder(tmp_path, logger):
     """experiment/arm used to name TensorBoard runs only (a CSV run went to lightning_logs/version_0) and the
-    hyperparameters written after fit crashed any logger but TensorBoard."""
-    csv = json.dumps({"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path)}})
-    fit = _main("fit", *_overrides(tmp_path)[:4], "--trainer.logger", csv, "--trainer.enable_progress_bar", "false",
+    hyperparameters written after fit crashed any logger but TensorBoard. W&B runs offline (no network here): its run
+    is named and identified by the arm, its project is the experiment."""
+    if logger == "WandbLogger":
+        pytest.importorskip("wandb", reason="the optional W&B group: bash setup.sh wandb")
+    init = {"save_dir": str(tmp_path)} | ({"offline": True} if logger == "WandbLogger" else {})
+    spec = json.dumps({"class_path": f"lightning.pytorch.loggers.{logger}", "init_args": init})
+    fit = _main("fit", *_overrides(tmp_path)[:4], "--trainer.logger", spec, "--trainer.enable_progress_bar", "false",
                 "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1",
                 "--data.batch_size", "2", cwd=tmp_path)
     assert fit.returncode == 0, fit.stderr[-3000:]
     run = tmp_path / "tiny/w64"
-    assert (run / "checkpoints/last.ckpt").is_file() and "val/loss" in (run / "metrics.csv").read_text()
-    assert "pattern: SX" in (run / "hparams.yaml").read_text()
+    assert (run / "checkpoints/last.ckpt").is_file()
+    assert "pattern: SX" in (run / "config.yaml").read_text() and not (tmp_path / "config.yaml").exists()
+    if logger == "CSVLogger":
+        assert "val/loss" in (run / "metrics.csv").read_text()
+        assert "pattern: SX" in (run / "hparams.yaml").read_text()
+    else:
+        (wandb_run,) = (tmp_path / "wandb").glob("offline-run-*-w64")  # W&B names its folder <time>-<run id>
+        records = (wandb_run / "run-w64.wandb").read_bytes()  # metrics and config, for `wandb sync`
+        assert b"val/loss" in records and b"tiny" in records
 
 
 # ---- generate: the README's command line as typed ------------------------------------------------------------

@@ -16,7 +16,7 @@ import torch
 from litdata import StreamingDataset, TokensLoader
 
 from swax_lightning.corpus import document_refs, read_documents, split_of
-from swax_lightning.data import TextDataModule, _running
+from swax_lightning.data import TextDataModule, _running, shuffled
 from swax_lightning.tokenizer import ByteTokenizer
 
 SEQ = 31
@@ -50,8 +50,10 @@ def _reuse(prepared, **overrides):
 
 
 def _stream(source, split):
+    """The split's token stream, written independently: its documents in order (the training split's shuffled)."""
     tok, ids = ByteTokenizer(), []
-    for ref in document_refs(str(source)):
+    refs = document_refs(str(source))
+    for ref in shuffled(refs) if split == "train" else refs:
         for name, text in read_documents(ref):
             if split_of(name, 0.2, 0.2) == split:
                 ids += tok.encode(text) + [tok.eos_id]
@@ -298,7 +300,7 @@ INTERRUPTED_PREPARATION = """
 import os, signal, sys, time
 import swax_lightning.data as data
 
-def interrupting(ref, **settings):  # the litdata worker: Ctrl-C reaches the preparing process while it is busy
+def interrupting(position, **settings):  # the litdata worker: Ctrl-C reaches the preparing process while it is busy
     with open(sys.argv[2], "w") as f:
         f.write(str(os.getpid()))
     os.kill(os.getppid(), signal.SIGINT)

@@ -109,3 +109,7 @@ def test_recall_documents_go_to_the_training_split_only(tmp_path):
         stream = StreamingDataset(str(tmp_path / "shards" / split), item_loader=TokensLoader(block_size=65))
         text = "".join(tok.decode(stream[i].tolist()) for i in range(len(stream)))
         assert ("special magic number" in text) == has_recall, split
+        if split == "train":
+            # Written in a shuffled document order: a short run, which reads a chunk or two, sees both kinds. In
+            # source order the recall documents came after every text document.
+            assert text.index("special magic number") < text.rindex("Plain document")

@@ -27,6 +27,7 @@ from pathlib import Path
 from lightning.pytorch.callbacks import Callback
 from tqdm import tqdm
 
+from swax_lightning.checkpoints import run_folder
 from swax_lightning.evals import babilong, ruler
 from swax_lightning.evals.reports import flat_metrics, heatmap_figure, summarize, write_reports
 from swax_lightning.inference import continue_texts, override_attention
@@ -238,7 +239,7 @@ class EvalSuite(Callback):
             return Path(self.output_dir)
         if trainer.ckpt_path and Path(trainer.ckpt_path).parent.name == "checkpoints":
             return Path(trainer.ckpt_path).parent.parent / "eval"
-        return Path(trainer.log_dir or ".") / "eval"
+        return run_folder(trainer) / "eval"
 
     def _log(self, trainer, results: dict, out_dir: Path) -> None:
         metrics = flat_metrics(results)
