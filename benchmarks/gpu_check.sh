@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The GPU check, ready to run on one H200 (or any CUDA GPU) in about 8 minutes from a bare machine:
 #   bash benchmarks/gpu_check.sh [summary.json]        (default: gpu_check.json in the repository root)
-# 1. installs per the README (bash setup.sh; flash-attn only if a prebuilt wheel exists: it is an optional extra),
+# 1. picks the Python: .venv if it sees a GPU; else the machine's own python3 if its torch sees one (a CUDA image
+#    without network: the packages it lacks come from benchmarks/wheels/, made beforehand on a networked machine with
+#    `bash benchmarks/gpu_check.sh --wheels`); else installs per the README (bash setup.sh). flash-attn only if a
+#    prebuilt wheel can be had: it is an optional extra.
 # 2. runs the GPU tests (pytest -m gpu: every Triton kernel and attention backend against the PyTorch paths),
 # 3. times SWA (own Triton, flash-attn, FlexAttention, SDPA with a dense mask, blocked PyTorch) and the mLSTM (own
 #    Triton, PyTorch chunkwise), forward + backward, T 4k / 16k / 64k, W 128 / 2048, head dim 128, bf16,
@@ -10,10 +13,18 @@
 # such in the summary without stopping the later ones.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# What a CUDA image with torch, triton, lightning, torchmetrics and tensorboard may lack, taken without their declared
+# dependencies (litdata's would pull a CUDA torch stack): carry benchmarks/wheels/ (git-ignored) to the GPU machine.
+OFFLINE_WHEELS="jsonargparse==4.53.0 docstring-parser==0.18.0 typeshed-client==2.15.0 litdata==0.2.76 obstore==0.12.1"
+if [ "${1:-}" = "--wheels" ]; then
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+    -d benchmarks/wheels $OFFLINE_WHEELS && ls benchmarks/wheels
+  exit
+fi
 SUMMARY=${1:-gpu_check.json}
 LOG=$(mktemp -d)
-PY=.venv/bin/python
 start=$(date +%s)
+sees_gpu() { "$1" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; }
 
 stage() {  # stage NAME SECONDS COMMAND...: runs COMMAND under a time limit, stdout+stderr to $LOG/NAME.log
   local name=$1 limit=$2; shift 2
@@ -24,7 +35,14 @@ stage() {  # stage NAME SECONDS COMMAND...: runs COMMAND under a time limit, std
   echo "[gpu_check] $name: rc $(cat "$LOG/$name.rc") in $(cat "$LOG/$name.s") s" >&2
 }
 
-stage install 150 bash setup.sh
+if [ -x .venv/bin/python ] && sees_gpu .venv/bin/python; then
+  PY=.venv/bin/python; stage install 1 true
+elif sees_gpu python3; then
+  PY=python3
+  stage install 60 "$PY" -m pip install -q --no-deps --no-index --find-links benchmarks/wheels $OFFLINE_WHEELS
+else
+  PY=.venv/bin/python; stage install 150 bash setup.sh
+fi
 stage flash_attn 30 "$PY" -m pip install -q --only-binary=:all: flash-attn
 stage gpu_tests 90 "$PY" -m pytest -q -m gpu tests/test_gpu.py
 stage swa 90 "$PY" benchmarks/swa_kernel.py --lengths 4096 16384 65536 --windows 128 2048 --n_sink 0 \

@@ -10,7 +10,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1",
          "--data.batch_size", "2", "--eval.niah_lengths", "[512]", "--eval.niah_samples", "4", "--eval.niah_depths",
-         "4", "--eval.recall_edges", "[1, 8, 128]", "--eval.recall_samples", "2"]
+         "4", "--eval.recall_edges", "[1, 8, 128]", "--eval.recall_samples", "2",
+         "--data.recall.documents", "50"]
 
 
 @pytest.mark.slow
