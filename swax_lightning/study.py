@@ -107,16 +107,30 @@ def _table(runs: dict) -> str:
     header = (["arm", "seed", "val loss"] + [f"NIAH {n}" for n in lengths]
               + [f"answer loss {lo}-{hi}" for lo, hi in buckets])
     lines = ["# Window study\n", "NIAH: average over tasks, % [95% interval]; answer loss: mean cross-entropy of the "
-             "answer's tokens (nats) at that fact-to-question distance (characters).\n",
-             "| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
-    for (arm, seed), run in sorted(runs.items()):
-        niah = _niah(run)
-        recall = {(b["from"], b["to"]): b for b in _recall(run)}
-        cells = [arm, str(seed), f"{run.get('val/loss', math.nan):.3f}"]
-        cells += [_pct(niah.get(str(n))) for n in lengths]
-        cells += [f"{recall[b]['loss']:.3f}" if b in recall else "" for b in buckets]
-        lines.append("| " + " | ".join(cells) + " |")
+             "answer's tokens (nats) at that fact-to-question distance (characters); the `mean` rows average the "
+             "seeds.\n", "| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    for arm in sorted({arm for arm, _ in runs}):
+        seeds = sorted(seed for a, seed in runs if a == arm)
+        values = [_row(runs[(arm, seed)], lengths, buckets) for seed in seeds]
+        for seed, row in zip(seeds, values):
+            niah = _niah(runs[(arm, seed)])
+            cells = [f"{row[0]:.3f}"] + [_pct(niah.get(str(n))) for n in lengths]
+            cells += [f"{v:.3f}" for v in row[1 + len(lengths):]]
+            lines.append("| " + " | ".join([arm, str(seed), *cells]) + " |")
+        if len(values) > 1:
+            mean = [sum(column) / len(column) for column in zip(*values)]
+            cells = [f"{mean[0]:.3f}"] + [f"{v:.0f}" for v in mean[1:1 + len(lengths)]]
+            cells += [f"{v:.3f}" for v in mean[1 + len(lengths):]]
+            lines.append("| " + " | ".join([f"**{arm}**", "mean", *cells]) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _row(run: dict, lengths: list[int], buckets: list[tuple[int, int]]) -> list[float]:
+    """[validation loss, NIAH % per length, answer loss per bucket] of one run (NaN where missing)."""
+    niah = _niah(run)
+    recall = {(b["from"], b["to"]): b["loss"] for b in _recall(run)}
+    return ([run.get("val/loss", math.nan)] + [niah[str(n)]["mean"] if str(n) in niah else math.nan for n in lengths]
+            + [recall.get(b, math.nan) for b in buckets])
 
 
 def _pct(c: dict | None) -> str:

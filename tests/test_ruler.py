@@ -158,3 +158,15 @@ def test_niah_length_in_tokens_of_a_bpe_tokenizer(length, tmp_path):
 def test_clear_errors(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+def test_a_too_short_niah_length_is_refused_at_setup_before_any_training():
+    """A study arm with a 256-token NIAH length trained for 4 minutes, then its test failed on the length."""
+    from types import SimpleNamespace
+
+    from swax_lightning.evals.suite import EvalSuite
+
+    trainer = SimpleNamespace(datamodule=SimpleNamespace(tokenizer=TOK))
+    with pytest.raises(ValueError, match=r"EvalSuite.niah_lengths: niah_single_2: length 256 is too short"):
+        EvalSuite(niah_tasks=["niah_single_2"], niah_lengths=[4096, 256], niah_samples=40).setup(trainer, None, "fit")
+    EvalSuite(niah_tasks=["niah_single_2"], niah_lengths=[512], niah_samples=40).setup(trainer, None, "fit")

@@ -121,6 +121,18 @@ class EvalSuite(Callback):
         return bool(self.niah_tasks or self.babilong_tasks or self.lm_eval_tasks or self.perplexity_len
                     or self.recall_edges)
 
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        """Before fit or test does any work: every NIAH length must hold a task's needles and question with this
+        tokenizer (otherwise a study arm failed only in its test, after training)."""
+        if not self.niah_tasks or trainer.datamodule is None:
+            return
+        generator = ruler.NIAHGenerator(trainer.datamodule.tokenizer, self.max_new_tokens, self.essay, self.seed)
+        for task in self.niah_tasks:
+            try:
+                generator.sample(task, min(self.niah_lengths), self.niah_depths[0], 0)
+            except ValueError as err:
+                raise ValueError(f"EvalSuite.niah_lengths: {err}") from None
+
     def on_test_end(self, trainer, pl_module) -> None:
         if not self.enabled:
             return
