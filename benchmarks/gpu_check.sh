@@ -5,7 +5,8 @@
 #    without network: the packages it lacks come from benchmarks/wheels/, made beforehand on a networked machine with
 #    `bash benchmarks/gpu_check.sh --wheels`); else installs per the README (bash setup.sh). flash-attn only if a
 #    prebuilt wheel can be had: it is an optional extra.
-# 2. runs the GPU tests (pytest -m gpu: every Triton kernel and attention backend against the PyTorch paths),
+# 2. runs the GPU tests (pytest -m gpu: every Triton kernel and attention backend, and fla's gated delta rule,
+#    against the PyTorch paths),
 # 3. times SWA (own Triton, flash-attn, FlexAttention, SDPA with a dense mask, blocked PyTorch) and the mLSTM (own
 #    Triton, PyTorch chunkwise), forward + backward, T 4k / 16k / 64k, W 128 / 2048, head dim 128, bf16,
 # 4. times one 1.4B training step at T 16k (window 2048, activation checkpointing) and its MFU,
@@ -15,7 +16,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 # What a CUDA image with torch, triton, lightning, torchmetrics and tensorboard may lack, taken without their declared
 # dependencies (litdata's would pull a CUDA torch stack): carry benchmarks/wheels/ (git-ignored) to the GPU machine.
-OFFLINE_WHEELS="jsonargparse==4.53.0 docstring-parser==0.18.0 typeshed-client==2.15.0 litdata==0.2.76 obstore==0.12.1"
+OFFLINE_WHEELS="jsonargparse==4.53.0 docstring-parser==0.18.0 typeshed-client==2.15.0 litdata==0.2.76 obstore==0.12.1
+  fla-core==0.6.0 einops==0.8.2"
 if [ "${1:-}" = "--wheels" ]; then
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
     -d benchmarks/wheels $OFFLINE_WHEELS && ls benchmarks/wheels
@@ -44,6 +46,7 @@ else
   PY=.venv/bin/python; stage install 150 bash setup.sh
 fi
 stage flash_attn 30 "$PY" -m pip install -q --only-binary=:all: flash-attn
+stage fla 30 "$PY" -m pip install -q fla-core==0.6.0 einops==0.8.2  # a no-op when the wheels put it there
 stage gpu_tests 90 "$PY" -m pytest -q -m gpu tests/test_gpu.py
 stage swa 90 "$PY" benchmarks/swa_kernel.py --lengths 4096 16384 65536 --windows 128 2048 --n_sink 0 \
   --heads 16 --head_dim 128
@@ -66,10 +69,10 @@ def rows(name):
     return out
 
 result = {"total_s": int(time.time()) - start, "stages": {}}
-for name in ("install", "flash_attn", "gpu_tests", "swa", "mlstm", "train_1.4b"):
+for name in ("install", "flash_attn", "fla", "gpu_tests", "swa", "mlstm", "train_1.4b"):
     text = (log / f"{name}.log").read_text(errors="replace")
     stage = {"rc": int((log / f"{name}.rc").read_text()), "seconds": int((log / f"{name}.s").read_text())}
-    if name in ("install", "gpu_tests", "flash_attn"):
+    if name in ("install", "gpu_tests", "flash_attn", "fla"):
         stage["tail"] = text.strip().splitlines()[-3:]
     else:
         stage["rows"] = rows(name)

@@ -37,6 +37,7 @@ _IMPLS = {  # backend name -> (module, function), imported on first use so CPU r
     "flash": ("kernels.swa.flash", "swa_flash"),
     "flex": ("kernels.swa.flex", "swa_flex"),
     "mlstm_triton": ("kernels.mlstm.triton", "mlstm_chunkwise_triton"),
+    "deltanet_fla": ("kernels.deltanet.fla", "gated_delta_chunkwise_fla"),
 }
 
 
@@ -72,17 +73,22 @@ def sliding_window_attention(q, k, v, window: int | None, n_sink: int = 0, scale
 
 
 def mlstm_chunkwise(q, k, v, i_pre, f_pre, initial_state: MLSTMState | None = None, chunk_size: int = 64,
-                    kernel: str = "auto"):
-    """The mLSTM cell over a sequence. Returns (h [B, T, H, DV], final MLSTMState)."""
+                    kernel: str = "auto", recompute_states: bool = False):
+    """The mLSTM cell over a sequence. Returns (h [B, T, H, DV], final MLSTMState). recompute_states: the Triton
+    kernel recomputes the state entering every chunk in the backward instead of saving it (the PyTorch path keeps
+    what autograd saves)."""
     name = backends.mlstm_backend(kernel, is_cuda=q.is_cuda, qk_head_dim=q.shape[-1], v_head_dim=v.shape[-1],
                                   chunk_size=chunk_size)
-    fn = _impl("mlstm_triton") if name == "triton" else _mlstm_chunkwise_torch
-    return fn(q, k, v, i_pre, f_pre, initial_state, chunk_size)
+    if name == "triton":
+        return _impl("mlstm_triton")(q, k, v, i_pre, f_pre, initial_state, chunk_size,
+                                     recompute_states=recompute_states)
+    return _mlstm_chunkwise_torch(q, k, v, i_pre, f_pre, initial_state, chunk_size)
 
 
 def gated_delta_chunkwise(q, k, v, beta, g, initial_state=None, chunk_size: int = 64, kernel: str = "auto"):
     """The gated delta rule over a sequence. Returns (o [B, T, H, DV], final state [B, H, DK, DV])."""
-    backends.deltanet_backend(kernel)
+    if backends.deltanet_backend(kernel, is_cuda=q.is_cuda) == "fla":
+        return _impl("deltanet_fla")(q, k, v, beta, g, initial_state, chunk_size)
     return _gated_delta_chunkwise_torch(q, k, v, beta, g, initial_state, chunk_size)
 
 

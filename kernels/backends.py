@@ -3,11 +3,13 @@
 Choices per operation (the model config's `kernels` field; SWAX_KERNELS=auto|torch|triton overrides every op):
     attention  auto | torch | triton | flash | flex | sdpa
     mlstm      auto | torch | triton
-    deltanet   auto | torch
+    deltanet   auto | torch | fla
 `auto` for attention: full causal (no window, or W >= T) -> SDPA is_causal (flash / cuDNN on GPU, the fused kernel
 on CPU); a window on CPU -> the blocked PyTorch path; a window without sinks on CUDA -> flash-attn when installed
 (fp16 / bf16), else the own Triton kernel; sinks on CUDA -> the own Triton kernel. Anything a kernel cannot take
-(head dim, too many sinks, a chunk size) falls back to the PyTorch path under `auto`.
+(head dim, too many sinks, a chunk size) falls back to the PyTorch path under `auto`. `auto` for the gated delta
+rule: fla's chunk_gated_delta_rule on CUDA when flash-linear-attention is installed, else the PyTorch forms;
+SWAX_KERNELS=triton asks for fla there (its kernels are Triton).
 
 Decisions:
 - `check_choices` runs when the config is built (start-up), so a backend that is not installed, a head dim it
@@ -24,7 +26,7 @@ import os
 CHOICES = {
     "attention": ("auto", "torch", "triton", "flash", "flex", "sdpa"),
     "mlstm": ("auto", "torch", "triton"),
-    "deltanet": ("auto", "torch"),
+    "deltanet": ("auto", "torch", "fla"),
 }
 DEFAULTS = {op: "auto" for op in CHOICES}
 ENV_CHOICES = ("auto", "torch", "triton")
@@ -59,7 +61,8 @@ def flash_fits(head_dim: int) -> bool:
 
 
 def check_choices(kernels: dict, *, uses_attention: bool, uses_mlstm: bool, attn_head_dim: int, n_sink: int,
-                  mlstm_qk_head_dim: int, mlstm_v_head_dim: int, chunk_size: int) -> list[tuple[str, str]]:
+                  mlstm_qk_head_dim: int, mlstm_v_head_dim: int, chunk_size: int,
+                  uses_deltanet: bool = False) -> list[tuple[str, str]]:
     """(field, message) for every backend constraint the config breaks; empty when all fit. Names are checked for
     every operation; constraints only for those the model uses (n_sink: that of its sliding layers, 0 if none)."""
     problems = []
@@ -90,6 +93,8 @@ def check_choices(kernels: dict, *, uses_attention: bool, uses_mlstm: bool, attn
     if mlstm == "triton" and not triton_mlstm_fits(mlstm_qk_head_dim, mlstm_v_head_dim, chunk_size):
         problems.append(("kernels.mlstm", f"triton takes head dims >= 16 and chunk_size in {TRITON_MLSTM_CHUNKS} "
                          f"(q/k head dim {mlstm_qk_head_dim}, v head dim {mlstm_v_head_dim}, chunk {chunk_size})"))
+    if uses_deltanet and kernels["deltanet"] == "fla" and not installed("fla"):
+        problems.append(("kernels.deltanet", "fla needs the package flash-linear-attention, which is not installed"))
     return problems
 
 
@@ -120,9 +125,14 @@ def mlstm_backend(choice: str, *, is_cuda: bool, qk_head_dim: int, v_head_dim: i
     return "triton" if is_cuda and triton_mlstm_fits(qk_head_dim, v_head_dim, chunk_size) else "torch"
 
 
-def deltanet_backend(choice: str) -> str:
-    """Gated DeltaNet has only the PyTorch forms; an explicit `triton` override is an error."""
+def deltanet_backend(choice: str, *, is_cuda: bool) -> str:
+    """The concrete gated-delta backend for one call: torch | fla."""
     choice = env_override() or choice
-    if choice == "triton":
-        raise NotImplementedError("SWAX_KERNELS=triton: no Triton kernel for 'gated_delta'; use auto or torch")
-    return "torch"
+    if choice == "triton":  # the override names Triton kernels: fla's
+        if not installed("fla"):
+            raise NotImplementedError("SWAX_KERNELS=triton: the gated delta rule's Triton kernels are fla's; install "
+                                      "flash-linear-attention, or use auto or torch")
+        return "fla"
+    if choice == "auto":
+        return "fla" if is_cuda and installed("fla") else "torch"
+    return choice

@@ -96,11 +96,12 @@ class FullKVCache:
 
 
 class RecurrentCache:
-    """A recurrent layer's state (a tensor or a tuple of tensors), carried across chunks and steps."""
+    """A recurrent layer's state (a tensor or a tuple of tensors), carried across chunks and steps, and the states of
+    its short convolutions if it has any (a list of [B, kernel-1, channels] tensors)."""
 
-    def __init__(self, state):
-        self.state = state
+    def __init__(self, state, conv: list | None = None):
+        self.state, self.conv = state, conv
 
     def nbytes(self) -> int:
-        tensors = self.state if isinstance(self.state, tuple) else (self.state,)
+        tensors = (*(self.state if isinstance(self.state, tuple) else (self.state,)), *(self.conv or ()))
         return sum(t.numel() * t.element_size() for t in tensors)

@@ -51,10 +51,14 @@ class ModelConfig:
         mlstm_v_factor: v width of the mLSTM as a fraction of d_model (xLSTM-7B: 1.0).
         mlstm_norm: The mLSTM's per-head output norm: layernorm (xLSTM-7B: mean subtracted, fp32, weight, no bias)
             or rmsnorm (no mean subtracted; kept for comparison with earlier runs).
+        mlstm_recompute_states: The Triton mLSTM recomputes the state entering every chunk in its backward instead
+            of saving it: B*H*(T/chunk_size)*DQK*DV fp32 less per mLSTM layer, one more pass of its states kernel.
         gate_soft_cap: mLSTM gate pre-activations are capped as cap * tanh(x / cap); 0 disables.
         deltanet_heads: Gated DeltaNet heads.
         deltanet_qk_factor: q/k width of Gated DeltaNet as a fraction of d_model.
         deltanet_v_factor: v width of Gated DeltaNet as a fraction of d_model.
+        deltanet_conv: Kernel size of Gated DeltaNet's short causal convolutions on q, k and v (depthwise, SiLU);
+            0 = none. Its authors use 4 and call them crucial; the SD baseline configs use 4.
         chunk_size: Chunk length of the chunkwise mLSTM and Gated DeltaNet forms.
         norm_eps: Epsilon of every norm.
         logit_soft_cap: Output logits are capped as cap * tanh(x / cap); 0 disables (xLSTM-7B: 30).
@@ -64,7 +68,7 @@ class ModelConfig:
         igate_bias_init: Initial bias of the mLSTM input gate (xLSTM-7B: -10).
         fgate_bias_init: (low, high): the mLSTM forget-gate biases are spread linearly over the heads (xLSTM: 3..6).
         kernels: Compute backend per operation, e.g. {attention: flash, mlstm: triton}; omitted operations are
-            `auto`. attention: auto|torch|triton|flash|flex|sdpa, mlstm: auto|torch|triton, deltanet: auto|torch
+            `auto`. attention: auto|torch|triton|flash|flex|sdpa, mlstm: auto|torch|triton, deltanet: auto|torch|fla
             (kernels/backends.py says what auto picks). The environment variable SWAX_KERNELS=auto|torch|triton
             overrides every operation. A run-time choice: it changes no weight.
     """
@@ -84,10 +88,12 @@ class ModelConfig:
     mlstm_qk_factor: float = 0.5
     mlstm_v_factor: float = 1.0
     mlstm_norm: str = "layernorm"
+    mlstm_recompute_states: bool = False
     gate_soft_cap: float = 15.0
     deltanet_heads: int = 4
     deltanet_qk_factor: float = 0.5
     deltanet_v_factor: float = 1.0
+    deltanet_conv: int = 0
     chunk_size: int = 64
     norm_eps: float = 1e-6
     logit_soft_cap: float = 30.0
@@ -103,6 +109,8 @@ class ModelConfig:
                      "chunk_size"):
             _require(getattr(self, name) >= 1, name, "must be >= 1", getattr(self, name))
         _require(self.n_sink >= 0, "n_sink", "must be >= 0", self.n_sink)
+        _require(self.deltanet_conv >= 0, "deltanet_conv", "must be >= 0 (0 = no short convolutions)",
+                 self.deltanet_conv)
         _require(len(self.pattern) >= 1 and set(self.pattern) <= set(LAYER_KINDS), "pattern",
                  f"letters must be from {LAYER_KINDS}", self.pattern)
         _require(self.n_layers % len(self.pattern) == 0, "n_layers",
@@ -141,7 +149,8 @@ class ModelConfig:
             self.kernels, uses_attention=bool(used & {"S", "A"}), uses_mlstm="X" in used,
             attn_head_dim=self.attn_head_dim, n_sink=self.n_sink if "S" in used else 0,
             mlstm_qk_head_dim=int(self.mlstm_qk_factor * self.d_model) // self.mlstm_heads,
-            mlstm_v_head_dim=int(self.mlstm_v_factor * self.d_model) // self.mlstm_heads, chunk_size=self.chunk_size)
+            mlstm_v_head_dim=int(self.mlstm_v_factor * self.d_model) // self.mlstm_heads, chunk_size=self.chunk_size,
+            uses_deltanet="D" in used)
         if problems:
             name, message = problems[0]
             raise ConfigError(f"ModelConfig.{name}: {message}")

@@ -1,4 +1,5 @@
-"""Building blocks shared by every layer kind: rotary embeddings, the per-head norm, the SwiGLU feed-forward.
+"""Building blocks shared by every layer kind: rotary embeddings, the per-head norm, the SwiGLU feed-forward, the
+short causal convolution.
 
 Decisions:
 - RoPE angles are computed in fp32 from absolute positions on every call (cheap next to attention, and exact at
@@ -7,6 +8,9 @@ Decisions:
   channels separately in fp32 with one weight vector over all heads' channels and no bias: MultiHeadLayerNorm
   (mean subtracted, then scaled by the inverse standard deviation; xLSTM-7B's mLSTM output norm, which casts back to
   the input dtype before the weight) or MultiHeadRMSNorm (no mean subtracted).
+- ShortConv is a depthwise causal convolution over time followed by SiLU (Gated DeltaNet's short convolutions on q,
+  k and v). Its streaming state is the last kernel-1 inputs, so a chunk or a single decode step continues exactly
+  where the previous one stopped.
 """
 from __future__ import annotations
 
@@ -65,3 +69,23 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class ShortConv(nn.Module):
+    """SiLU(depthwise causal conv over time) of x [B, T, C], kernel size K, no bias. `state` [B, K-1, C] holds the
+    inputs before x (zeros at the start of a sequence); returns (y [B, T, C], the state after x)."""
+
+    def __init__(self, channels: int, kernel: int):
+        super().__init__()
+        self.kernel = kernel
+        self.weight = nn.Parameter(torch.empty(channels, 1, kernel))
+
+    def new_state(self, batch: int, dtype: torch.dtype, device) -> torch.Tensor:
+        return torch.zeros(batch, self.kernel - 1, self.weight.shape[0], dtype=dtype, device=device)
+
+    def forward(self, x: torch.Tensor, state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if state is None:
+            state = self.new_state(x.shape[0], x.dtype, x.device)
+        padded = torch.cat([state.to(x.dtype), x], dim=1)
+        y = F.conv1d(padded.transpose(1, 2), self.weight.to(x.dtype), groups=x.shape[-1]).transpose(1, 2)
+        return F.silu(y), padded[:, padded.shape[1] - (self.kernel - 1):]

@@ -12,8 +12,8 @@ Decisions:
   real batch and length, and every tensor autograd saves for the backward is added up once per storage (parameters
   excluded). The GPU kernels' saved sets stand in for the PyTorch paths there: attention saves q, k, v, the output
   and a fp32 log-sum-exp per query (flash-attn, FlexAttention and the own Triton kernel alike, any window); the
-  Triton mLSTM saves q, k, v, its fp32 gate rows and the fp32 state entering every chunk. Under bf16-mixed the
-  activations are bf16 where the model computes in bf16.
+  Triton mLSTM saves q, k, v, its fp32 gate rows and the fp32 state entering every chunk (unless
+  `mlstm_recompute_states` is on). Under bf16-mixed the activations are bf16 where the model computes in bf16.
 - With activation checkpointing each block keeps only its input, and one block at a time is recomputed in the
   backward: outside-block activations + n_layers x block input + the largest block's activations.
 - `measured=True` (device cpu) traces the real CPU kernels instead, for the test that checks the count against the
@@ -54,16 +54,17 @@ class _FlashLikeAttention(torch.autograd.Function):
 
 
 class _TritonLikeMLSTM(torch.autograd.Function):
-    """What kernels/mlstm/triton.py keeps: q, k, v, fp32 gate rows (3 x [B, H, T] + m and n per step) and the fp32
-    state (C, m) entering every chunk."""
+    """What kernels/mlstm/triton.py keeps: q, k, v, fp32 gate rows (3 x [B, H, T] + m and n per step) and, unless
+    the config recomputes them (mlstm_recompute_states), the fp32 state (C, m) entering every chunk."""
 
     @staticmethod
-    def forward(ctx, q, k, v, i_pre, f_pre, chunk_size):
+    def forward(ctx, q, k, v, i_pre, f_pre, chunk_size, recompute_states):
         B, T, H, DQK = q.shape
         chunks = -(-T // chunk_size)
         f32 = dict(dtype=torch.float32, device=q.device)
-        saved = [torch.empty(B, H, T, **f32) for _ in range(4)] + [torch.empty(B, H, chunks, DQK, v.shape[-1], **f32),
-                                                                   torch.empty(B, H, chunks, **f32)]
+        saved = [torch.empty(B, H, T, **f32) for _ in range(4)]
+        if not recompute_states:
+            saved += [torch.empty(B, H, chunks, DQK, v.shape[-1], **f32), torch.empty(B, H, chunks, **f32)]
         ctx.save_for_backward(q, k, v, f_pre, *saved)
         return torch.empty_like(v)
 
@@ -71,15 +72,15 @@ class _TritonLikeMLSTM(torch.autograd.Function):
     def backward(ctx, grad):
         q, k, v, f_pre = ctx.saved_tensors[:4]
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(f_pre), \
-            torch.empty_like(f_pre), None
+            torch.empty_like(f_pre), None, None
 
 
 def _gpu_attention(q, k, v, window, n_sink, scale=None, kernel="auto"):
     return _FlashLikeAttention.apply(q, k, v)
 
 
-def _gpu_mlstm(q, k, v, i_pre, f_pre, initial_state=None, chunk_size=64, kernel="auto"):
-    return _TritonLikeMLSTM.apply(q, k, v, i_pre, f_pre, chunk_size), None
+def _gpu_mlstm(q, k, v, i_pre, f_pre, initial_state=None, chunk_size=64, kernel="auto", recompute_states=False):
+    return _TritonLikeMLSTM.apply(q, k, v, i_pre, f_pre, chunk_size, recompute_states), None
 
 
 @contextlib.contextmanager
@@ -105,7 +106,7 @@ def saved_activation_bytes(cfg: ModelConfig, batch: int, seq_len: int, window: i
     if window is not None:
         model.set_window(window)
     params = {_storage_key(p) for p in model.parameters()}
-    seen: set = set()
+    seen: dict = {}  # storage key -> the tensor, held so that no counted storage is freed and its key reused
     current = [None]
     per_block = [0] * len(model.blocks)
     outside = [0]
@@ -113,7 +114,7 @@ def saved_activation_bytes(cfg: ModelConfig, batch: int, seq_len: int, window: i
     def pack(t: torch.Tensor):
         key = _storage_key(t)
         if key not in params and key not in seen:
-            seen.add(key)
+            seen[key] = t
             size = t.untyped_storage().nbytes()
             if current[0] is None:
                 outside[0] += size
@@ -167,15 +168,26 @@ def estimate(cfg: ModelConfig, batch: int, seq_len: int, shards: int = 1, window
 
 
 def _load_run(path: Path) -> tuple[dict, dict, dict]:
-    """(model section, data section, trainer section) of a run config, following its base/ file references."""
-    run = yaml.safe_load(path.read_text())
+    """(model section, data section, trainer section) of a run config, following `extends:` and section files."""
+    sections = _sections(path)
+    return sections.get("model", {}), sections.get("data", {}), sections.get("trainer", {})
 
-    def part(key):
-        if isinstance(run.get(key), str):  # a section file next to the config
-            return yaml.safe_load((path.parent / run[key]).read_text())
-        return run.get(key) or {}
 
-    return part("model"), part("data"), part("trainer")
+def _sections(path: Path) -> dict:
+    """The config's settings with its `extends:` base underneath (nested mappings merged, as the CLI applies them)."""
+    run = yaml.safe_load(path.read_text()) or {}
+    base = _sections(path.parent / run.pop("extends")) if "extends" in run else {}
+    for key, value in run.items():
+        if isinstance(value, str) and value.endswith((".yaml", ".yml")):  # a section file next to the config
+            run[key] = yaml.safe_load((path.parent / value).read_text()) or {}
+    return _merged(base, run)
+
+
+def _merged(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def main() -> None:

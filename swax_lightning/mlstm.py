@@ -40,7 +40,7 @@ class MLSTMLayer(nn.Module):
         d, self.heads = cfg.d_model, cfg.mlstm_heads
         self.qk_dim, self.v_dim = int(cfg.mlstm_qk_factor * d), int(cfg.mlstm_v_factor * d)
         self.gate_soft_cap, self.chunk_size = cfg.gate_soft_cap, cfg.chunk_size
-        self.kernel = cfg.kernels["mlstm"]
+        self.kernel, self.recompute_states = cfg.kernels["mlstm"], cfg.mlstm_recompute_states
         self.q_proj = nn.Linear(d, self.qk_dim, bias=False)
         self.k_proj = nn.Linear(d, self.qk_dim, bias=False)
         self.v_proj = nn.Linear(d, self.v_dim, bias=False)
@@ -80,7 +80,8 @@ class MLSTMLayer(nn.Module):
         v = self.v_proj(x).view(B, T, self.heads, -1)
         i_pre, f_pre = self.gates(x)
         if cache is None:
-            h, _ = mlstm_chunkwise(q, k, v, i_pre, f_pre, chunk_size=self.chunk_size, kernel=self.kernel)
+            h, _ = mlstm_chunkwise(q, k, v, i_pre, f_pre, chunk_size=self.chunk_size, kernel=self.kernel,
+                                   recompute_states=self.recompute_states)
         else:
             if positions is not None:  # padding leaves the state unchanged
                 pad = (positions < 0)[..., None]

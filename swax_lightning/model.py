@@ -26,7 +26,7 @@ from kernels.ce.chunked import softcap_cross_entropy_chunked
 from kernels.mlstm.naive import fp32
 from swax_lightning.config import ModelConfig
 from swax_lightning.deltanet import GatedDeltaNetLayer
-from swax_lightning.layers import MultiHeadLayerNorm, MultiHeadRMSNorm, SwiGLU
+from swax_lightning.layers import MultiHeadLayerNorm, MultiHeadRMSNorm, ShortConv, SwiGLU
 from swax_lightning.mlstm import MLSTMLayer
 from swax_lightning.swa import Attention
 
@@ -74,7 +74,8 @@ class SWAXModel(nn.Module):
     @torch.no_grad()
     def init_weights(self, root: nn.Module, seed: int) -> None:
         """Initialise the weights under `root` (the model or one of its parts): normal(init_std), residual output
-        projections scaled by 1/sqrt(2 n_layers), zero biases, xLSTM gate biases, ones for norms.
+        projections scaled by 1/sqrt(2 n_layers), zero biases, xLSTM gate biases, ones for norms, short convolutions
+        uniform in +-1/sqrt(kernel).
 
         Each weight draws from its own generator, seeded by (seed, its name in the model): the result does not depend
         on the order in which parts are initialised, so sharded training, which materialises the model part by part
@@ -93,6 +94,10 @@ class SWAXModel(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, (nn.RMSNorm, MultiHeadRMSNorm, MultiHeadLayerNorm)):
                 nn.init.ones_(module.weight)
+            elif isinstance(module, ShortConv):  # torch's Conv1d default for a depthwise kernel: fan-in = kernel
+                bound = module.kernel ** -0.5
+                nn.init.uniform_(module.weight, -bound, bound,
+                                 generator=_generator(seed, f"{name}.weight", module.weight.device))
         for module in root.modules():  # after the generic pass, which zeroes every bias
             if isinstance(module, MLSTMLayer):
                 module.reset_gate_biases()

@@ -101,3 +101,30 @@ def test_converted_full_attention_with_short_window_streams_in_bounded_memory():
     full = _full_attention_model()
     with torch.no_grad():
         assert (full(idx)[:, 20:] - reference[:, 20:]).abs().max() > 1e-3  # the conversion does change the model
+
+
+def test_short_convolution_is_the_causal_sum_it_claims():
+    # y_t = silu(sum_j w[c, j] x_{t-K+1+j}), zeros before the sequence; a later input never changes an earlier output.
+    from swax_lightning.layers import ShortConv
+    conv = ShortConv(channels=3, kernel=4).double()
+    torch.nn.init.normal_(conv.weight, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(2, 9, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    y, state = conv(x)
+    padded = F.pad(x, (0, 0, 3, 0))
+    want = torch.stack([F.silu((padded[:, t:t + 4] * conv.weight[:, 0].T).sum(1)) for t in range(9)], 1)
+    torch.testing.assert_close(y, want)
+    assert torch.equal(state, x[:, -3:])
+    x2 = x.clone()
+    x2[:, 6:] += 1.0
+    assert torch.equal(conv(x2)[0][:, :6], y[:, :6]) and not torch.equal(conv(x2)[0][:, 6:], y[:, 6:])
+
+
+def test_short_convolutions_change_the_layer_and_init_deterministically():
+    cfg = dict(vocab_size=50, d_model=32, n_layers=2, pattern="SD", deltanet_heads=2, window=4, chunk_size=8)
+    idx = torch.randint(0, 50, (1, 20), generator=torch.Generator().manual_seed(0))
+    plain, conv_a, conv_b = (SWAXModel(ModelConfig(**cfg, deltanet_conv=k)) for k in (0, 4, 4))
+    for m in (plain, conv_a, conv_b):
+        m.reset_parameters(seed=3)
+    assert torch.equal(conv_a(idx), conv_b(idx)) and not torch.allclose(plain(idx), conv_a(idx))
+    n = lambda model: sum(p.numel() for p in model.parameters())
+    assert n(conv_a) - n(plain) == 4 * (16 + 16 + 32)

@@ -1,8 +1,8 @@
 """GPU checks (`pytest -m gpu`, skipped without CUDA): every attention backend (own Triton, flash-attn, FlexAttention,
-dense SDPA, the blocked PyTorch path, full causal SDPA) and both mLSTM backends run on CUDA against the PyTorch /
-fp64 references, forward and backward, on odd shapes; `auto` resolves to the backends it promises; the chunked loss
-on CUDA. Kernels that are not installed are skipped by name, never silently passed. benchmarks/gpu_check.sh runs
-these first."""
+dense SDPA, the blocked PyTorch path, full causal SDPA), both mLSTM backends and fla's gated delta rule run on
+CUDA against the PyTorch / fp64 references, forward and backward, on odd shapes; `auto` resolves to the backends
+it promises; the chunked loss on CUDA. Kernels that are not installed are skipped by name, never silently passed.
+benchmarks/gpu_check.sh runs these first."""
 import pytest
 import torch
 
@@ -98,6 +98,37 @@ def test_mlstm_triton_matches_torch(T, H, dqk, dv, chunk, gates):
 def test_mlstm_auto_is_triton_on_cuda():
     q = torch.zeros(1, 64, 2, 64, device="cuda")
     assert backends.mlstm_backend("auto", is_cuda=q.is_cuda, qk_head_dim=64, v_head_dim=64, chunk_size=64) == "triton"
+
+
+@pytest.mark.parametrize("T", [64, 1000, 257])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_deltanet_fla_matches_torch(T, dtype):
+    # fla's chunk_gated_delta_rule against the PyTorch chunkwise form: output, final state and gradients, with a
+    # carried initial state, T not a multiple of the chunk.
+    if not backends.installed("fla"):
+        pytest.skip("flash-linear-attention is not installed")
+    from kernels import gated_delta_chunkwise
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    make = lambda *s: torch.randn(*s, device="cuda", generator=g)
+    H, dk, dv = 2, 64, 128
+    q = torch.nn.functional.normalize(make(2, T, H, dk), dim=-1)
+    k = torch.nn.functional.normalize(make(2, T, H, dk), dim=-1)
+    v, beta = make(2, T, H, dv).to(dtype), torch.sigmoid(make(2, T, H))
+    decay = -torch.nn.functional.softplus(make(2, T, H)) * 0.3
+    state0 = 0.1 * make(2, H, dk, dv)
+    leaves = [x.requires_grad_() for x in (q, k, v, beta, decay)]
+    outs = []
+    for kernel in ("fla", "torch"):
+        o, state = gated_delta_chunkwise(*leaves, state0, kernel=kernel)
+        outs.append((o, state, torch.autograd.grad(o.float().square().sum(), leaves)))
+    (o_f, s_f, g_f), (o_t, s_t, g_t) = outs
+    tol = dict(atol=2e-3, rtol=2e-3) if dtype == torch.float32 else dict(atol=5e-2, rtol=5e-2)
+    torch.testing.assert_close(o_f.float(), o_t.float(), **tol)
+    torch.testing.assert_close(s_f.float(), s_t.float(), **tol)
+    for a, b in zip(g_f, g_t):
+        rel = (a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12)
+        assert rel < (1e-2 if dtype == torch.float32 else 5e-2), float(rel)
 
 
 def test_chunked_loss_on_cuda():

@@ -159,3 +159,17 @@ def test_generate_command_from_a_checkpoint(tmp_path, capsys):
     (tmp_path / "bad.ckpt").write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="bad.ckpt"):
         main(str(tmp_path / "bad.ckpt"), prompt=["x"])
+
+
+@pytest.mark.parametrize("chunk_len", [1, 3, 16])
+def test_short_convolutions_stream_exactly(chunk_len):
+    # Gated DeltaNet with its short convolutions: the conv state in the cache must continue each chunk and decode step
+    # exactly, and left padding must leave a prompt's result unchanged.
+    model = _model("SD", deltanet_conv=4)
+    idx = torch.randint(0, 50, (2, 41), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(idx)
+    torch.testing.assert_close(_streamed_logits(model, idx, chunk_len), full, atol=1e-4, rtol=1e-4)
+    prompts = [idx[0, :5].tolist(), idx[1, :13].tolist()]
+    assert generate(model, prompts, max_new_tokens=6, chunk_len=chunk_len) == \
+        [generate(model, [p], max_new_tokens=6, chunk_len=chunk_len)[0] for p in prompts]

@@ -110,3 +110,22 @@ def test_every_cpu_mlstm_backend_matches_the_parallel_form(kernel):
     i_pre, f_pre = torch.randn(B, T, H, generator=g), 3 + torch.randn(B, T, H, generator=g)
     h, _ = mlstm_chunkwise(q, k, v, i_pre, f_pre, chunk_size=16, kernel=kernel)
     torch.testing.assert_close(h, mlstm_parallel(q, k, v, i_pre, f_pre)[0].to(h.dtype), atol=1e-4, rtol=1e-4)
+
+
+def test_deltanet_backend_choice(monkeypatch):
+    # fla is Gated DeltaNet's GPU kernel: refused at config time when not installed, picked by auto on CUDA only,
+    # and what SWAX_KERNELS=triton asks for; the PyTorch forms everywhere else.
+    monkeypatch.setattr(backends, "installed", lambda module: module != "fla")
+    with pytest.raises(ConfigError, match=r"kernels\.deltanet: fla needs the package flash-linear-attention"):
+        ModelConfig(pattern="SD", kernels={"deltanet": "fla"})
+    ModelConfig(pattern="SX", kernels={"deltanet": "fla"})  # no D layer: only the name is checked
+    assert backends.deltanet_backend("auto", is_cuda=True) == "torch"
+    monkeypatch.setenv("SWAX_KERNELS", "triton")
+    with pytest.raises(NotImplementedError, match="flash-linear-attention"):
+        backends.deltanet_backend("auto", is_cuda=True)
+    monkeypatch.setattr(backends, "installed", lambda module: True)
+    assert backends.deltanet_backend("auto", is_cuda=True) == "fla"
+    monkeypatch.delenv("SWAX_KERNELS")
+    assert backends.deltanet_backend("auto", is_cuda=True) == "fla"
+    assert backends.deltanet_backend("auto", is_cuda=False) == "torch"
+    assert backends.deltanet_backend("torch", is_cuda=True) == "torch"

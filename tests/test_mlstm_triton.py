@@ -125,3 +125,29 @@ def test_write_all_forget_all_gates_gradient_error():
     errors = _saturated_grad_errors(lambda T, H, g: torch.full((2, T, H), 14.99),
                                     lambda T, H, g: torch.full((2, T, H), -14.99))
     assert max(errors[n] for n in "qki") < 1e-2, errors
+
+
+@pytest.mark.parametrize("with_initial_state", [False, True])
+def test_recomputed_chunk_states_give_identical_gradients_and_save_less(with_initial_state):
+    # recompute_states runs the states kernel again in the backward: the gradients must be bit-identical to saving
+    # the states, and the saved set must lose the [B*H, NC, DQK, DV] fp32 states.
+    T, H, dqk, dv, chunk = 50, 2, 16, 32, 16
+    initial = None
+    if with_initial_state:
+        _, initial = mlstm_chunkwise_triton(*[x.detach() for x in _inputs(20, H, dqk, dv, torch.float32, seed=1)],
+                                            chunk_size=chunk)
+    results = {}
+    for recompute in (False, True):
+        args = _inputs(T, H, dqk, dv, torch.float32)
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel() * t.element_size()) or t,
+                                                      lambda t: t):
+            h, _ = mlstm_chunkwise_triton(*args, initial_state=initial, chunk_size=chunk, recompute_states=recompute)
+        grads = torch.autograd.grad(_normed_loss(h, torch.ones_like(h, dtype=torch.float64)), args)
+        results[recompute] = h, grads, sum(saved)
+    (h0, g0, bytes0), (h1, g1, bytes1) = results[False], results[True]
+    assert torch.equal(h0, h1) and all(torch.equal(a, b) for a, b in zip(g0, g1))
+    chunks = -(-T // chunk)
+    chunk_states = 2 * H * chunks * (dqk * dv + 1) * 4  # (C, m) entering each chunk, fp32
+    kept_initial = 2 * H * (dqk * dv + dqk + 1) * 4 if with_initial_state else 0  # recomputing needs (C0, n0, m0)
+    assert bytes0 - bytes1 == chunk_states - kept_initial, (bytes0, bytes1, chunk_states, kept_initial)

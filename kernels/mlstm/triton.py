@@ -8,7 +8,9 @@ Forward (chunks of L steps; b_t = cumulative log forget gate inside a chunk, g =
        log_d[t, s] = b_t - b_s + i_s (s <= t),  m_t = max(max_s log_d[t, s], b_t + m_in),
        h_t = (sum_s e^{log_d - m_t} (q_t.k_s) v_s + e^{b_t + m_in - m_t} q_t C_in) / N_t,
        N_t = max(|sum_s e^{log_d - m_t} (q_t.k_s) + e^{b_t + m_in - m_t} q_t.n_in|, e^{-m_t}) + eps.
-   It saves m_t and N_t for the backward.
+   It saves m_t and N_t for the backward, and the chunk-entry states unless `recompute_states` asks the backward to
+   run `_fwd_states_kernel` again (the same kernel on the same inputs: bit-identical states, B*H*NC*DQK*DV fp32 less
+   memory per layer).
 
 Backward. The stabiliser m and the normaliser N_t are treated as constants: h is invariant to m, and the per-head
 norm that follows the cell in every mLSTM layer cancels N_t (docs/design.md section 3), so gradients agree with
@@ -264,9 +266,23 @@ def _tile(d: int) -> int:
     return max(16, min(TILE, triton.next_power_of_2(d)))
 
 
+def _chunk_states(k, v, lf, ig, init, dims):
+    """Run `_fwd_states_kernel`: ((C, n, m) entering every chunk, the final (C, n, m)), all fp32."""
+    B, T, H, DQK, DV, L, NC, BK, BV = dims
+    f32 = dict(device=k.device, dtype=torch.float32)
+    entering = (torch.empty(B * H, NC, DQK, DV, **f32), torch.empty(B * H, NC, DQK, **f32),
+                torch.empty(B * H, NC, **f32))
+    final = torch.empty(B, H, DQK, DV, **f32), torch.empty(B, H, DQK, **f32), torch.empty(B, H, **f32)
+    strides = (k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2))
+    _fwd_states_kernel[(B * H, triton.cdiv(DQK, BK), triton.cdiv(DV, BV))](
+        k, v, lf, ig, *(init if init is not None else (k, k, k)), *entering, *final, *strides, T, H, NC, DQK, DV,
+        HAS_INIT=init is not None, L=L, BK=BK, BV=BV)
+    return entering, final
+
+
 class MLSTMChunkwise(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, i_pre, f_pre, C0, n0, m0, chunk_size, eps):
+    def forward(ctx, q, k, v, i_pre, f_pre, C0, n0, m0, chunk_size, eps, recompute_states):
         B, T, H, DQK = q.shape
         DV = v.shape[-1]
         L, NC = chunk_size, triton.cdiv(T, chunk_size)
@@ -275,31 +291,33 @@ class MLSTMChunkwise(torch.autograd.Function):
         # Gates as [B*H, T] fp32; the log forget gate is what the kernels use.
         lf = F.logsigmoid(f_pre.float()).permute(0, 2, 1).reshape(B * H, T).contiguous()
         ig = i_pre.float().permute(0, 2, 1).reshape(B * H, T).contiguous()
-        f32 = dict(device=q.device, dtype=torch.float32)
-        C_in, n_in, m_in = (torch.empty(B * H, NC, DQK, DV, **f32), torch.empty(B * H, NC, DQK, **f32),
-                            torch.empty(B * H, NC, **f32))
-        C_out, n_out, m_out = torch.empty(B, H, DQK, DV, **f32), torch.empty(B, H, DQK, **f32), torch.empty(B, H, **f32)
-        has_init = C0 is not None
-        init = (C0.float().contiguous(), n0.float().contiguous(), m0.float().contiguous()) if has_init else (q, q, q)
-        strides = (q.stride(0), q.stride(1), q.stride(2), v.stride(0), v.stride(1), v.stride(2))
-        _fwd_states_kernel[(B * H, triton.cdiv(DQK, BK), triton.cdiv(DV, BV))](
-            k, v, lf, ig, *init, C_in, n_in, m_in, C_out, n_out, m_out, *strides, T, H, NC, DQK, DV,
-            HAS_INIT=has_init, L=L, BK=BK, BV=BV)
+        init = (C0.float().contiguous(), n0.float().contiguous(), m0.float().contiguous()) if C0 is not None else None
+        (C_in, n_in, m_in), (C_out, n_out, m_out) = _chunk_states(k, v, lf, ig, init, (B, T, H, DQK, DV, L, NC, BK, BV))
         h = new_like(v)
+        f32 = dict(device=q.device, dtype=torch.float32)
         m_t, n_t = torch.empty(B * H, T, **f32), torch.empty(B * H, T, **f32)
         scale = DQK ** -0.5
+        strides = (q.stride(0), q.stride(1), q.stride(2), v.stride(0), v.stride(1), v.stride(2))
         _fwd_output_kernel[(NC, B * H, triton.cdiv(DV, BV))](
             q, k, v, lf, ig, C_in, n_in, m_in, h, m_t, n_t, *strides, h.stride(0), h.stride(1), h.stride(2),
             T, H, NC, DQK, DV, scale, eps, L=L, BK=BK, BV=BV)
-        ctx.save_for_backward(q, k, v, lf, ig, f_pre, C_in, m_in, m_out, m_t, n_t)
+        # The chunk-entry states are the one saved tensor that grows with DQK x DV: recomputing them in the backward
+        # costs one more pass of the states kernel (linear in T) and frees B*H*NC*DQK*DV fp32 per layer.
+        states = (init or ()) if recompute_states else (C_in, m_in)
+        ctx.save_for_backward(q, k, v, lf, ig, f_pre, m_out, m_t, n_t, *states)
+        ctx.has_init, ctx.recompute_states = init is not None, recompute_states
         ctx.dims = (B, T, H, DQK, DV, L, NC, BK, BV, scale)
         ctx.mark_non_differentiable(C_out, n_out, m_out)
         return h, C_out, n_out, m_out
 
     @staticmethod
     def backward(ctx, dh, *_state_grads):
-        q, k, v, lf, ig, f_pre, C_in, m_in, m_out, m_t, n_t = ctx.saved_tensors
+        q, k, v, lf, ig, f_pre, m_out, m_t, n_t, *states = ctx.saved_tensors
         B, T, H, DQK, DV, L, NC, BK, BV, scale = ctx.dims
+        if ctx.recompute_states:  # the same kernel on the same inputs: bit-identical states
+            (C_in, _, m_in), _ = _chunk_states(k, v, lf, ig, states if ctx.has_init else None, ctx.dims[:-1])
+        else:
+            C_in, m_in = states
         dh = dh.contiguous()
         strides = (q.stride(0), q.stride(1), q.stride(2), v.stride(0), v.stride(1), v.stride(2))
         dC_end = torch.empty_like(C_in)
@@ -319,17 +337,18 @@ class MLSTMChunkwise(torch.autograd.Function):
         d_lf = d_cum.flip(1).cumsum(1).flip(1)
         d_f = d_lf * torch.sigmoid(-f_pre.float())
         return (dq.to(q.dtype), dk.to(k.dtype), dv, d_i.to(f_pre.dtype), d_f.to(f_pre.dtype),
-                None, None, None, None, None)
+                None, None, None, None, None, None)
 
 
 def mlstm_chunkwise_triton(q, k, v, i_pre, f_pre, initial_state: MLSTMState | None = None, chunk_size: int = 64,
-                           eps: float = EPS):
-    """Same contract as kernels.mlstm.chunk.mlstm_chunkwise: returns (h [B, T, H, DV], final MLSTMState)."""
+                           eps: float = EPS, recompute_states: bool = False):
+    """Same contract as kernels.mlstm.chunk.mlstm_chunkwise: returns (h [B, T, H, DV], final MLSTMState).
+    recompute_states: recompute the state entering every chunk in the backward instead of saving it."""
     for name, d in (("q/k head dim", q.shape[-1]), ("v head dim", v.shape[-1])):
         if d < 16:
             raise ValueError(f"Triton mLSTM: {name} must be >= 16 (got {d})")
     if chunk_size not in (16, 32, 64, 128):
         raise ValueError(f"Triton mLSTM: chunk_size must be 16, 32, 64 or 128 (got {chunk_size})")
     C0, n0, m0 = initial_state if initial_state is not None else (None, None, None)
-    h, C, n, m = MLSTMChunkwise.apply(q, k, v, i_pre, f_pre, C0, n0, m0, chunk_size, eps)
+    h, C, n, m = MLSTMChunkwise.apply(q, k, v, i_pre, f_pre, C0, n0, m0, chunk_size, eps, recompute_states)
     return h, MLSTMState(C, n, m)
