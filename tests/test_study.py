@@ -34,3 +34,21 @@ def test_the_study_command_trains_evaluates_collects_and_resumes(tmp_path):
     assert (out / "niah_vs_length.png").stat().st_size > 0 and (out / "answer_loss_vs_distance.png").stat().st_size > 0
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and again.stdout.count("done before") == 2, again.stdout[-2000:]
+
+
+def test_the_table_averages_the_seeds_of_each_arm():
+    # Two seeds of one arm, one of another: the mean row is the seeds' average of every column, a single seed gets no
+    # mean row, and a missing measurement is NaN, not a silent zero.
+    from swax_lightning.study import _table
+
+    def run(val, niah, recall):
+        return {"val/loss": val,
+                "results": {"niah": {"scores": {"average": {"512": {"mean": niah, "ci95": [niah - 5, niah + 5]}}}},
+                            "recall": {"buckets": [{"from": 1, "to": 8, "loss": recall}]}}}
+
+    runs = {("w_short", 0): run(2.0, 10.0, 1.0), ("w_short", 1): run(3.0, 30.0, 2.0),
+            ("xlstm", 0): {"val/loss": 2.5, "results": {}}}
+    lines = _table(runs).splitlines()
+    assert "| **w_short** | mean | 2.500 | 20 | 1.500 |" in lines
+    assert "| w_short | 1 | 3.000 | 30 [25, 35] | 2.000 |" in lines
+    assert "| xlstm | 0 | 2.500 |  | nan |" in lines and not any(line.startswith("| **xlstm**") for line in lines)

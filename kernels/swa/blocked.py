@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from kernels.swa.naive import sliding_window_mask
 
 MIN_BLOCK = 64
-DENSE_BELOW = 1024  # shorter sequences take one dense-mask call: fixed costs outweigh the work saved
+DENSE_BELOW = 512  # shorter sequences take one dense-mask call: fixed costs outweigh the work saved (measured,
+# fwd + bwd at B 8, 4 heads of 32, 2 threads: the band is 0.6-0.8x causal at T 128-256, 1.15-2.3x at T 512)
 
 
 def block_size(window: int, min_block: int = MIN_BLOCK) -> int:
