@@ -1,7 +1,7 @@
 """When does content-addressed copying emerge at toy scale? The classic induction task, per architecture.
 
     python benchmarks/recall_emergence.py                        # arms A, SX W=64, SX W=4, X; 1000 steps each
-    python benchmarks/recall_emergence.py --arms SX:4 --steps 300
+    python benchmarks/recall_emergence.py --arms SX:4 X:64 --igate_bias_init 0   # mLSTM input gates open at init
 
 Every sequence is a random lowercase string S (48 letters), a random gap of 0..32 letters, S again, then the rest of
 the gap: the second S is predictable only by finding the first and copying it (after its first letter, which
@@ -43,10 +43,10 @@ def batch(step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.stack(rows), LENGTH + shift
 
 
-def train(pattern: str, window: int, steps: int, size: int, every: int, lr: float) -> None:
+def train(pattern: str, window: int, steps: int, size: int, every: int, lr: float, igate_bias_init: float) -> None:
     torch.manual_seed(0)
     model = SWAXModel(ModelConfig(vocab_size=257, d_model=128, n_layers=4, pattern=pattern, n_heads=4,
-                                  window=window, mlstm_heads=2, chunk_size=64))
+                                  window=window, mlstm_heads=2, chunk_size=64, igate_bias_init=igate_bias_init))
     model.reset_parameters(seed=0)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
     start = time.time()
@@ -57,7 +57,8 @@ def train(pattern: str, window: int, steps: int, size: int, every: int, lr: floa
         copy = torch.stack([losses[i, second[i]:second[i] + LENGTH - 1].mean() for i in range(size)]).mean()
         gap = torch.stack([losses[i, LENGTH:second[i] - 1].mean() for i in range(size) if second[i] > LENGTH + 1])
         if step % every == 0:
-            print(json.dumps({"arm": f"{pattern} W={window}", "step": step, "copy_loss": round(copy.item(), 3),
+            print(json.dumps({"arm": f"{pattern} W={window}", "igate_bias_init": igate_bias_init, "step": step,
+                              "copy_loss": round(copy.item(), 3),
                               "gap_loss": round(gap.mean().item(), 3), "seconds": round(time.time() - start)}),
                   flush=True)
         for group in opt.param_groups:
@@ -76,10 +77,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--every", type=int, default=100)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--igate_bias_init", type=float, default=ModelConfig.igate_bias_init,
+                        help="initial mLSTM input-gate bias (default: the model's, xLSTM-7B's -10)")
     args = parser.parse_args()
     for arm in args.arms:
         pattern, window = arm.split(":")
-        train(pattern, int(window), args.steps, args.batch, args.every, args.lr)
+        train(pattern, int(window), args.steps, args.batch, args.every, args.lr, args.igate_bias_init)
 
 
 if __name__ == "__main__":
