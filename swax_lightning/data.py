@@ -239,8 +239,14 @@ class TextDataModule(L.LightningDataModule):
                                val_fraction=self.val_fraction, test_fraction=self.test_fraction,
                                recall=asdict(self.recall) if self.recall else None, staging=staging)
         workers = min(os.cpu_count() or 1, max(1, len(inputs)))
-        with multiprocessing.get_context(START_METHOD).Pool(workers) as pool:
+        # Ctrl-C is the parent's to handle: workers ignore SIGINT, and the parent stops them however it leaves.
+        pool = multiprocessing.get_context(START_METHOD).Pool(workers, initializer=signal.signal,
+                                                              initargs=(signal.SIGINT, signal.SIG_IGN))
+        try:
             return pool.map(fn, range(len(inputs)), chunksize=max(1, len(inputs) // (8 * workers)))
+        finally:
+            pool.terminate()
+            pool.join()
 
     def _measure(self, counts: list[dict], n_refs: int, out: Path) -> dict:
         """Tokens per split (from the indexes), bytes per token of the validation text, skipped files reported."""

@@ -301,6 +301,12 @@ import os, signal, sys, time
 import swax_lightning.data as data
 
 def interrupting(position, **settings):  # a worker: Ctrl-C reaches the preparing process while it is busy
+    try:  # the first worker here presses Ctrl-C once; the others just stay busy
+        flag = os.open(sys.argv[2] + ".claimed", os.O_CREAT | os.O_EXCL)
+    except FileExistsError:
+        time.sleep(60)
+        return
+    os.close(flag)
     with open(sys.argv[2], "w") as f:
         f.write(str(os.getpid()))
     os.kill(os.getppid(), signal.SIGINT)
