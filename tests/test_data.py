@@ -300,37 +300,23 @@ INTERRUPTED_PREPARATION = """
 import os, signal, sys, time
 import swax_lightning.data as data
 
-def interrupting(position, **settings):  # a worker: Ctrl-C reaches the preparing process while it is busy
-    try:  # the first worker here presses Ctrl-C once; the others just stay busy
-        flag = os.open(sys.argv[2] + ".claimed", os.O_CREAT | os.O_EXCL)
-    except FileExistsError:
-        time.sleep(60)
-        return
-    os.close(flag)
+def interrupting(position, **settings):  # the litdata worker: Ctrl-C reaches the preparing process while it is busy
     with open(sys.argv[2], "w") as f:
         f.write(str(os.getpid()))
     os.kill(os.getppid(), signal.SIGINT)
     time.sleep(60)
-
-def interrupting_generator(position, **settings):
-    interrupting(position)
     yield from ()
 
-if sys.argv[4] == "litdata":
-    data.staged_tokens = interrupting_generator
-else:
-    data.tokenize_ref = interrupting
+data.tokenize_ref = interrupting
 data.TextDataModule(source=sys.argv[1], data_dir=sys.argv[3], seq_len=31).prepare_data()
 """
 
 
-@pytest.mark.parametrize("stage", ["tokenizing", "litdata"])
-def test_ctrl_c_inside_a_worker_fails_and_leaves_no_folder_and_no_worker(source, tmp_path, stage):
-    """Ctrl-C while the tokenizing workers or litdata's writer are busy: a failure (litdata's own SIGINT handler
-    exited with status 0, kept the temporary folder and orphaned its worker), no folder, no worker left."""
+def test_ctrl_c_inside_litdata_fails_and_leaves_no_folder_and_no_worker(source, tmp_path):
+    """litdata's own SIGINT handler exited with status 0, kept the temporary folder and orphaned the worker."""
     script, worker_pid, out = tmp_path / "prepare.py", tmp_path / "worker.pid", tmp_path / "out"
     script.write_text(INTERRUPTED_PREPARATION)
-    result = subprocess.run([sys.executable, str(script), str(source), str(worker_pid), str(out / "d"), stage],
+    result = subprocess.run([sys.executable, str(script), str(source), str(worker_pid), str(out / "d")],
                             capture_output=True, text=True, timeout=300,
                             env=os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     worker = int(worker_pid.read_text())
