@@ -32,6 +32,9 @@ DEFAULTS = {op: "auto" for op in CHOICES}
 ENV_CHOICES = ("auto", "torch", "triton")
 TRITON_MAX_SINKS = 64  # the Triton SWA kernel's key block: sinks must fit in one
 TRITON_MLSTM_CHUNKS = (16, 32, 64, 128)
+# fp32 at head dim 256: the SWA dk/dv kernel needs 272 KiB of shared memory per block, more than any GPU has (Hopper:
+# 227 KiB; figures from compiling the kernels for sm_90).
+TRITON_FP32_MAX_HEAD_DIM = 128
 
 
 def installed(module: str) -> bool:
@@ -48,8 +51,18 @@ def env_override() -> str | None:
     return choice
 
 
-def triton_attention_fits(head_dim: int, n_sink: int) -> bool:
-    return 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0 and n_sink <= TRITON_MAX_SINKS
+def triton_attention_fits(head_dim: int, n_sink: int, dtype=None) -> bool:
+    """dtype None: any the kernel takes at some precision (the config check, before the precision is known)."""
+    fp32 = dtype is not None and dtype.itemsize >= 4
+    return (16 <= head_dim <= (TRITON_FP32_MAX_HEAD_DIM if fp32 else 256) and head_dim & (head_dim - 1) == 0
+            and n_sink <= TRITON_MAX_SINKS)
+
+
+def triton_dot_precision(dtype) -> str:
+    """tl.dot's input_precision in the own Triton kernels: fp32 inputs get exact fp32 dots ("ieee"), as PyTorch's
+    matmul does by default (Triton's default would be TF32); bf16/fp16 inputs, which TF32 holds exactly, may take
+    TF32 tensor cores where a kernel computes in fp32. The interpreter ignores it."""
+    return "ieee" if dtype.itemsize >= 4 else "tf32"
 
 
 def triton_mlstm_fits(qk_head_dim: int, v_head_dim: int, chunk_size: int) -> bool:
@@ -114,7 +127,7 @@ def attention_backend(choice: str, *, is_cuda: bool, dtype, head_dim: int, T: in
     n_sink = min(n_sink, T)
     if n_sink == 0 and installed("flash_attn") and dtype in (torch.float16, torch.bfloat16) and flash_fits(head_dim):
         return "flash"
-    return "triton" if triton_attention_fits(head_dim, n_sink) else "torch"
+    return "triton" if triton_attention_fits(head_dim, n_sink, dtype) else "torch"
 
 
 def mlstm_backend(choice: str, *, is_cuda: bool, qk_head_dim: int, v_head_dim: int, chunk_size: int) -> str:

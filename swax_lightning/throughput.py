@@ -5,7 +5,9 @@ ThroughputMonitor needs two functions (batch -> sequences, batch -> items), whic
 [B, T+1] token blocks and sets `flops_per_batch` before each step's update from an analytic count at the window that
 step actually trained with (the stochastic arms train mostly at short windows, so one count at the config window
 would overstate MFU). It logs train/device/items_per_sec (tokens/s per device), train/items_per_sec (all devices),
-samples_per_sec and, on GPUs Lightning knows, flops/mfu. Prediction (prompt strings, generation) is not counted.
+samples_per_sec and, on GPUs Lightning knows, flops/mfu. Lightning 2.6's table names the H200 only as "H200 SXM1" /
+"NVL1", so a GPU that calls itself "NVIDIA H200" got no MFU: its dense peaks are filled in here (the H100 SXM's, the
+same chip with more memory, per NVIDIA's datasheet). Prediction (prompt strings, generation) is not counted.
 
 The count (`analytic_flops`): forward = 2 FLOPs per multiply-add of every weight matrix touched per token (all
 linear layers and the LM head; the embedding is a lookup) plus the sequence mixers' own work; forward + backward =
@@ -65,6 +67,17 @@ def analytic_flops(cfg: ModelConfig, batch_size: int, seq_len: int, window: int 
     return 3 * per_sequence * batch_size
 
 
+# Dense peak FLOP/s of an H200 (SXM) by the precision's prefix ("bf16-mixed" -> "bf16"): the H100 SXM's figures.
+H200_PEAK_FLOPS = {"bf16": 989.4e12, "16": 989.4e12, "32": 66.9e12, "64": 33.5e12}
+
+
+def h200_peak_flops(device_name: str, precision: str) -> float | None:
+    """The peak Lightning's table lacks for a device named like "NVIDIA H200"; None for any other device."""
+    if "h200" not in device_name.lower():
+        return None
+    return H200_PEAK_FLOPS.get(str(precision).split("-")[0])
+
+
 class TokenThroughput(ThroughputMonitor):
     """Args: window_size: number of batches the rates are averaged over."""
 
@@ -83,6 +96,9 @@ class TokenThroughput(ThroughputMonitor):
         if getattr(pl_module, "flops_per_batch", None) is None and hasattr(data, "seq_len"):
             pl_module.flops_per_batch = analytic_flops(pl_module.arch, data.batch_size, data.seq_len)
         super().setup(trainer, pl_module, stage)
+        device = trainer.strategy.root_device
+        if self.available_flops is None and device.type == "cuda":
+            self.available_flops = h200_peak_flops(torch.cuda.get_device_name(device), trainer.precision)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         """Counts this step at the window it trained with (set by the window schedule at the step's start)."""

@@ -2,14 +2,20 @@
 dense SDPA, the blocked PyTorch path, full causal SDPA), both mLSTM backends and fla's gated delta rule run on
 CUDA against the PyTorch / fp64 references, forward and backward, on odd shapes; `auto` resolves to the backends
 it promises; the chunked loss on CUDA. Kernels that are not installed are skipped by name, never silently passed.
-benchmarks/gpu_check.sh runs these first."""
+benchmarks/gpu_check.sh runs these first, with the Triton interpreter off: `TRITON_INTERPRET=0 pytest -m gpu`.
+Under the interpreter (tests/conftest.py switches it on for the CPU tests) Triton kernels would run on the CPU,
+slowly and not as compiled: these tests then skip with that reason."""
+import os
+
 import pytest
 import torch
 
 from kernels import backends, mlstm_chunkwise, sliding_window_attention, swa_reference
 
 pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+              pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                                 reason="the Triton interpreter is on: run TRITON_INTERPRET=0 pytest -m gpu")]
 
 SHAPES = [  # T, W, n_sink, Hq, Hkv, D
     (1000, 1, 0, 4, 4, 64),      # W = 1
@@ -59,6 +65,14 @@ def test_attention_bf16(kernel, T, W, n_sink, Hq, Hkv, D):
     _check_against_fp64(kernel, T, W, n_sink, Hq, Hkv, D, torch.bfloat16, dict(atol=6e-2, rtol=6e-2))
 
 
+def test_head_dim_256_runs_in_bf16_and_is_refused_in_fp32():
+    # bf16 at the largest head dim the kernel takes; fp32 there would overflow shared memory: one clear line
+    _check_against_fp64("triton", 300, 64, 4, 2, 2, 256, torch.bfloat16, dict(atol=6e-2, rtol=6e-2))
+    q, k, v = _qkv(300, 2, 2, 256, torch.float32)
+    with pytest.raises(ValueError, match="fp32 takes head dims up to 128"):
+        sliding_window_attention(q, k, v, 64, 4, kernel="triton")
+
+
 def test_auto_resolves_as_documented():
     q = torch.zeros(1, 256, 2, 128, device="cuda", dtype=torch.bfloat16)
     pick = lambda **kw: backends.attention_backend("auto", is_cuda=True, dtype=q.dtype, head_dim=128, T=256, **kw)
@@ -70,6 +84,7 @@ def test_auto_resolves_as_documented():
 @pytest.mark.parametrize("T,H,dqk,dv,chunk,gates", [
     (1000, 2, 64, 128, 64, "moderate"),
     (300, 2, 256, 512, 64, "moderate"),   # the xLSTM-7B head shape: tiled head dims
+    (300, 2, 64, 128, 128, "moderate"),   # fp32 at chunk 128: the largest shared-memory footprint
     (257, 2, 32, 32, 16, "saturated"),    # the largest gates the layer can make (soft cap 15)
 ])
 def test_mlstm_triton_matches_torch(T, H, dqk, dv, chunk, gates):

@@ -1,6 +1,12 @@
 """Kernel backends chosen in the config: validation at config time (one line naming the field), what `auto` resolves
 to, the SWAX_KERNELS override, the choice recorded in hparams, and every CPU-runnable backend against the fp64
 reference through the dispatch point."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -64,6 +70,9 @@ def test_auto_resolution():
     expected = "flash" if backends.installed("flash_attn") else "triton"
     assert pick() == expected
     assert pick(dtype=torch.float32) == "triton"  # flash-attn takes only fp16 / bf16
+    # fp32 at head dim 256 would need more shared memory than a GPU block has: the PyTorch path; bf16 fits
+    assert pick(dtype=torch.float32, head_dim=256, n_sink=4) == "torch"
+    assert pick(dtype=torch.bfloat16, head_dim=256, n_sink=4) == "triton"
     assert backends.mlstm_backend("auto", is_cuda=True, qk_head_dim=64, v_head_dim=128, chunk_size=64) == "triton"
     assert backends.mlstm_backend("auto", is_cuda=True, qk_head_dim=8, v_head_dim=128, chunk_size=64) == "torch"
     assert backends.mlstm_backend("auto", is_cuda=False, qk_head_dim=64, v_head_dim=128, chunk_size=64) == "torch"
@@ -129,3 +138,17 @@ def test_deltanet_backend_choice(monkeypatch):
     assert backends.deltanet_backend("auto", is_cuda=True) == "fla"
     assert backends.deltanet_backend("auto", is_cuda=False) == "torch"
     assert backends.deltanet_backend("torch", is_cuda=True) == "torch"
+
+
+def test_own_kernels_compile_for_hopper_within_its_shared_memory():
+    # benchmarks/kernel_shared_memory.py on its smallest configurations: the real wrappers' launches (forward and
+    # backward), compiled for sm_90 without a GPU, each within the 227 KiB of shared memory a Hopper block may have.
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "benchmarks/kernel_shared_memory.py", "--dtypes", "bfloat16",
+                          "--head_dims", "32", "--chunks", "16"], cwd=root, capture_output=True, text=True,
+                         env={**os.environ, "TRITON_INTERPRET": "0"}, timeout=600, check=True)
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert {r["kernel"] for r in rows} == {"_fwd_kernel", "_bwd_dq_kernel", "_bwd_dkdv_kernel", "_fwd_states_kernel",
+                                           "_fwd_output_kernel", "_bwd_dstates_kernel", "_bwd_dqdk_kernel",
+                                           "_bwd_dv_kernel"}
+    assert all(0 < r["shared_kib"] <= 227 and not r["over_limit"] for r in rows), rows

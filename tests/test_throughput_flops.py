@@ -10,7 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from kernels import sliding_window_mask
 from swax_lightning.config import ModelConfig
 from swax_lightning.model import SWAXModel
-from swax_lightning.throughput import TokenThroughput, analytic_flops, visible_pairs
+from swax_lightning.throughput import TokenThroughput, analytic_flops, h200_peak_flops, visible_pairs
 
 CFG = dict(d_model=64, n_heads=2, mlstm_heads=2, chunk_size=16, n_layers=2)
 
@@ -47,3 +47,16 @@ def test_count_grows_with_window_and_follows_the_step(monkeypatch):
         module.model.set_window(window)
         monitor.on_train_batch_end(None, module, None, batch, 0)
     assert seen == [short, long, short]
+
+
+def test_h200_gets_the_peak_lightning_lacks():
+    # Lightning's own lookup returns None for the name an H200 SXM reports; the fill-in gives its dense peaks by
+    # precision and stays out of the way for every other device.
+    from lightning.fabric.utilities.throughput import get_available_flops
+
+    assert h200_peak_flops("NVIDIA H200", "bf16-mixed") == 989.4e12
+    assert h200_peak_flops("NVIDIA H200", "32-true") == 66.9e12
+    assert h200_peak_flops("NVIDIA H100 80GB HBM3", "bf16-mixed") is None
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+        assert get_available_flops(torch.device("cuda", 0), torch.bfloat16) is None  # what made MFU disappear

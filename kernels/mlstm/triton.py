@@ -25,8 +25,12 @@ The final state is an output without gradient; an initial state is an input with
 
 Block sizes: chunk L (the layer's chunk_size: a power of two, 16..128), DQK and DV tiles of 64 (head dims up to 256 for
 q/k and 512 for v are tiled). Loads are upcast to fp32 at once (the interpreter mishandles bf16); gates, states and
-accumulators are fp32; h takes v's dtype. T need not be a multiple of L: the tail is masked as forget gate 1, input
+accumulators are fp32; h takes v's dtype. Dots are exact fp32 for fp32 inputs and TF32 for bf16/fp16 inputs
+(`backends.triton_dot_precision`). T need not be a multiple of L: the tail is masked as forget gate 1, input
 gate 0, which leaves the state unchanged.
+
+Shared memory, from compiling every kernel for sm_90 on a CPU: at most 192 KiB per block (fp32 inputs, chunk 128),
+within Hopper's 227 KiB. (TF32 dots on fp32 inputs would need 240-288 KiB there.)
 """
 from __future__ import annotations
 
@@ -35,9 +39,13 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernels.backends import triton_dot_precision
 from kernels.mlstm.naive import EPS, MLSTMState
 
 TILE = 64
+# Arguments that change from call to call (sequence length, heads, chunk count): Triton would compile a kernel for
+# each of them equal to 1 or a multiple of 16; one serves all. Head dims stay specialised (fixed per model).
+VARYING = ("T", "H", "NC")
 
 
 @triton.jit
@@ -49,10 +57,10 @@ def _chunk_gates(LF, I, bh, c, T, L: tl.constexpr):
     return tl.cumsum(lf, 0), i, t
 
 
-@triton.jit
+@triton.jit(do_not_specialize=VARYING)
 def _fwd_states_kernel(K, V, LF, I, C0, N0, M0, C_IN, N_IN, M_IN, C_OUT, N_OUT, M_OUT,
                        s_b, s_t, s_h, sv_b, sv_t, sv_h, T, H, NC, DQK, DV,
-                       HAS_INIT: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                       HAS_INIT: tl.constexpr, L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
     bh, pk, pv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
     dk = pk * BK + tl.arange(0, BK)
@@ -83,7 +91,7 @@ def _fwd_states_kernel(K, V, LF, I, C0, N0, M0, C_IN, N_IN, M_IN, C_OUT, N_OUT, 
         vb = tl.load(V + b * sv_b + h * sv_h + t[:, None] * sv_t + dv[None, :],
                      mask=(t[:, None] < T) & (dv[None, :] < DV), other=0.0).to(tl.float32)
         decay = tl.exp(g + m - m_new)
-        C = decay * C + tl.dot(tl.trans(kb * w[:, None]), vb)
+        C = decay * C + tl.dot(tl.trans(kb * w[:, None]), vb, input_precision=PREC)
         n = decay * n + tl.sum(kb * w[:, None], 0)
         m = m_new
     tl.store(C_OUT + bh * DQK * DV + c_off, C, mask=mask_c)
@@ -104,10 +112,10 @@ def _intra_weights(bcum, i, m_inter, L: tl.constexpr):
     return m_t, tl.exp(log_d - m_t[:, None]), tl.exp(log_inter - m_t)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=VARYING)
 def _fwd_output_kernel(Q, K, V, LF, I, C_IN, N_IN, M_IN, HOUT, MT, NT,
                        s_b, s_t, s_h, sv_b, sv_t, sv_h, so_b, so_t, so_h, T, H, NC, DQK, DV, scale, eps,
-                       L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                       L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
     c, bh, pv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
     bcum, i, t = _chunk_gates(LF, I, bh, c, T, L)
@@ -126,13 +134,13 @@ def _fwd_output_kernel(Q, K, V, LF, I, C_IN, N_IN, M_IN, HOUT, MT, NT,
         cb = tl.load(C_IN + (bh * NC + c) * DQK * DV + dk[:, None] * DV + dv[None, :],
                      mask=(dk[:, None] < DQK) & (dv[None, :] < DV), other=0.0)
         nb = tl.load(N_IN + (bh * NC + c) * DQK + dk, mask=dk < DQK, other=0.0)
-        qk += tl.dot(qb, tl.trans(kb))
-        q_c += tl.dot(qb, cb)
+        qk += tl.dot(qb, tl.trans(kb), input_precision=PREC)
+        q_c += tl.dot(qb, cb, input_precision=PREC)
         q_n += tl.sum(qb * nb[None, :], 1)
     scores = qk * d_w
     vb = tl.load(V + b * sv_b + h * sv_h + t[:, None] * sv_t + dv[None, :],
                  mask=(t[:, None] < T) & (dv[None, :] < DV), other=0.0).to(tl.float32)
-    num = tl.dot(scores, vb) + inter_w[:, None] * q_c
+    num = tl.dot(scores, vb, input_precision=PREC) + inter_w[:, None] * q_c
     den = tl.sum(scores, 1) + inter_w * q_n
     norm = tl.maximum(tl.abs(den), tl.exp(-m_t)) + eps
     out = num / norm[:, None]
@@ -143,10 +151,10 @@ def _fwd_output_kernel(Q, K, V, LF, I, C_IN, N_IN, M_IN, HOUT, MT, NT,
         tl.store(NT + bh * T + t, norm, mask=t < T)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=VARYING)
 def _bwd_dstates_kernel(Q, DH, LF, I, M_IN, M_OUT, MT, NT, DC_END,
                         s_b, s_t, s_h, sv_b, sv_t, sv_h, T, H, NC, DQK, DV, scale,
-                        L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                        L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
     bh, pk, pv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
     dk = pk * BK + tl.arange(0, BK)
@@ -169,7 +177,7 @@ def _bwd_dstates_kernel(Q, DH, LF, I, M_IN, M_OUT, MT, NT, DC_END,
                      mask=(t[:, None] < T) & (dk[None, :] < DQK), other=0.0).to(tl.float32) * scale
         dhb = tl.load(DH + b * sv_b + h * sv_h + t[:, None] * sv_t + dv[None, :],
                       mask=(t[:, None] < T) & (dv[None, :] < DV), other=0.0).to(tl.float32)
-        dC = tl.exp(g + m_in - m_next) * dC + tl.dot(tl.trans(qb * e[:, None]), dhb)
+        dC = tl.exp(g + m_in - m_next) * dC + tl.dot(tl.trans(qb * e[:, None]), dhb, input_precision=PREC)
 
 
 @triton.jit
@@ -192,10 +200,10 @@ def _pair_weights(LF, I, M_IN, M_OUT, MT, NT, bh, c, T, NC, L: tl.constexpr):
     return a, e, w, t
 
 
-@triton.jit
+@triton.jit(do_not_specialize=VARYING)
 def _bwd_dqdk_kernel(Q, K, V, DH, LF, I, C_IN, DC_END, M_IN, M_OUT, MT, NT, DQ, DK,
                      s_b, s_t, s_h, sv_b, sv_t, sv_h, T, H, NC, DQK, DV, scale,
-                     L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                     L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
     c, bh, pk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
     a, e, w, t = _pair_weights(LF, I, M_IN, M_OUT, MT, NT, bh, c, T, NC, L)
@@ -215,23 +223,23 @@ def _bwd_dqdk_kernel(Q, K, V, DH, LF, I, C_IN, DC_END, M_IN, M_OUT, MT, NT, DQ, 
         mask_c = (dk_idx[:, None] < DQK) & (dv_idx[None, :] < DV)
         cb = tl.load(C_IN + state, mask=mask_c, other=0.0)
         dcb = tl.load(DC_END + state, mask=mask_c, other=0.0)
-        dh_v += tl.dot(dhb, tl.trans(vb))
-        dh_c += tl.dot(dhb, tl.trans(cb))
-        v_dc += tl.dot(vb, tl.trans(dcb))
+        dh_v += tl.dot(dhb, tl.trans(vb), input_precision=PREC)
+        dh_c += tl.dot(dhb, tl.trans(cb), input_precision=PREC)
+        v_dc += tl.dot(vb, tl.trans(dcb), input_precision=PREC)
     qb = tl.load(Q + b * s_b + h * s_h + t[:, None] * s_t + dk_idx[None, :], mask=rows_k, other=0.0).to(tl.float32)
     kb = tl.load(K + b * s_b + h * s_h + t[:, None] * s_t + dk_idx[None, :], mask=rows_k, other=0.0).to(tl.float32)
     p = a * dh_v                                # [t, s]
-    dq = tl.dot(p, kb) + e[:, None] * dh_c      # gradient w.r.t. the scaled q
-    dk = tl.dot(tl.trans(p), qb * scale) + w[:, None] * v_dc
+    dq = tl.dot(p, kb, input_precision=PREC) + e[:, None] * dh_c      # gradient w.r.t. the scaled q
+    dk = tl.dot(tl.trans(p), qb * scale, input_precision=PREC) + w[:, None] * v_dc
     offs = b * s_b + h * s_h + t[:, None] * s_t + dk_idx[None, :]
     tl.store(DQ + offs, (dq * scale).to(DQ.dtype.element_ty), mask=rows_k)
     tl.store(DK + offs, dk.to(DK.dtype.element_ty), mask=rows_k)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=VARYING)
 def _bwd_dv_kernel(Q, K, DH, LF, I, DC_END, M_IN, M_OUT, MT, NT, DV_OUT,
                    s_b, s_t, s_h, sv_b, sv_t, sv_h, T, H, NC, DQK, DV, scale,
-                   L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                   L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
     c, bh, pv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
     a, e, w, t = _pair_weights(LF, I, M_IN, M_OUT, MT, NT, bh, c, T, NC, L)
@@ -248,11 +256,11 @@ def _bwd_dv_kernel(Q, K, DH, LF, I, DC_END, M_IN, M_OUT, MT, NT, DV_OUT,
                      other=0.0).to(tl.float32)
         dcb = tl.load(DC_END + (bh * NC + c) * DQK * DV + dk_idx[:, None] * DV + dv_idx[None, :],
                       mask=(dk_idx[:, None] < DQK) & (dv_idx[None, :] < DV), other=0.0)
-        qk += tl.dot(qb, tl.trans(kb))
-        k_dc += tl.dot(kb, dcb)
+        qk += tl.dot(qb, tl.trans(kb), input_precision=PREC)
+        k_dc += tl.dot(kb, dcb, input_precision=PREC)
     dhb = tl.load(DH + b * sv_b + h * sv_h + t[:, None] * sv_t + dv_idx[None, :], mask=rows_v,
                   other=0.0).to(tl.float32)
-    dv = tl.dot(tl.trans(a * qk), dhb) + w[:, None] * k_dc
+    dv = tl.dot(tl.trans(a * qk), dhb, input_precision=PREC) + w[:, None] * k_dc
     tl.store(DV_OUT + b * sv_b + h * sv_h + t[:, None] * sv_t + dv_idx[None, :], dv.to(DV_OUT.dtype.element_ty),
              mask=rows_v)
 
@@ -260,6 +268,11 @@ def _bwd_dv_kernel(Q, K, DH, LF, I, DC_END, M_IN, M_OUT, MT, NT, DV_OUT,
 def new_like(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Output allocation; every element is written by a kernel (tests fill these with NaN to prove it)."""
     return torch.empty_like(x, dtype=dtype)
+
+
+def _options(L: int, BK: int, BV: int, x: torch.Tensor) -> dict:
+    """The compile-time options of a launch on inputs like x."""
+    return dict(L=L, BK=BK, BV=BV, PREC=triton_dot_precision(x.dtype))
 
 
 def _tile(d: int) -> int:
@@ -276,7 +289,7 @@ def _chunk_states(k, v, lf, ig, init, dims):
     strides = (k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2))
     _fwd_states_kernel[(B * H, triton.cdiv(DQK, BK), triton.cdiv(DV, BV))](
         k, v, lf, ig, *(init if init is not None else (k, k, k)), *entering, *final, *strides, T, H, NC, DQK, DV,
-        HAS_INIT=init is not None, L=L, BK=BK, BV=BV)
+        HAS_INIT=init is not None, **_options(L, BK, BV, k))
     return entering, final
 
 
@@ -300,7 +313,7 @@ class MLSTMChunkwise(torch.autograd.Function):
         strides = (q.stride(0), q.stride(1), q.stride(2), v.stride(0), v.stride(1), v.stride(2))
         _fwd_output_kernel[(NC, B * H, triton.cdiv(DV, BV))](
             q, k, v, lf, ig, C_in, n_in, m_in, h, m_t, n_t, *strides, h.stride(0), h.stride(1), h.stride(2),
-            T, H, NC, DQK, DV, scale, eps, L=L, BK=BK, BV=BV)
+            T, H, NC, DQK, DV, scale, eps, **_options(L, BK, BV, q))
         # The chunk-entry states are the one saved tensor that grows with DQK x DV: recomputing them in the backward
         # costs one more pass of the states kernel (linear in T) and frees B*H*NC*DQK*DV fp32 per layer.
         states = (init or ()) if recompute_states else (C_in, m_in)
@@ -322,15 +335,15 @@ class MLSTMChunkwise(torch.autograd.Function):
         strides = (q.stride(0), q.stride(1), q.stride(2), v.stride(0), v.stride(1), v.stride(2))
         dC_end = torch.empty_like(C_in)
         _bwd_dstates_kernel[(B * H, triton.cdiv(DQK, BK), triton.cdiv(DV, BV))](
-            q, dh, lf, ig, m_in, m_out, m_t, n_t, dC_end, *strides, T, H, NC, DQK, DV, scale, L=L, BK=BK, BV=BV)
+            q, dh, lf, ig, m_in, m_out, m_t, n_t, dC_end, *strides, T, H, NC, DQK, DV, scale, **_options(L, BK, BV, q))
         # dq and dk in fp32: the gate gradients below take differences of their dot products with q and k.
         dq, dk, dv = new_like(q, torch.float32), new_like(k, torch.float32), new_like(v)
         _bwd_dqdk_kernel[(NC, B * H, triton.cdiv(DQK, BK))](
             q, k, v, dh, lf, ig, C_in, dC_end, m_in, m_out, m_t, n_t, dq, dk, *strides, T, H, NC, DQK, DV, scale,
-            L=L, BK=BK, BV=BV)
+            **_options(L, BK, BV, q))
         _bwd_dv_kernel[(NC, B * H, triton.cdiv(DV, BV))](
             q, k, dh, lf, ig, dC_end, m_in, m_out, m_t, n_t, dv, *strides, T, H, NC, DQK, DV, scale,
-            L=L, BK=BK, BV=BV)
+            **_options(L, BK, BV, q))
         # Gate gradients from dq and dk: d i~_s = k_s.dk_s; dF_u = q_u.dq_u - k_u.dk_u; d log f = reverse cumsum.
         d_i = (k.float() * dk.float()).sum(-1)
         d_cum = (q.float() * dq.float()).sum(-1) - d_i

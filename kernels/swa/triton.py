@@ -19,7 +19,8 @@ Block sizes: BLOCK_M = BLOCK_N = 64 (BLOCK_N is also the largest supported n_sin
 operands in the input dtype (bf16/fp16 tensor cores; probabilities and dS are cast to it, as in FlashAttention) and
 accumulate in fp32; softmax statistics are fp32; outputs take the input dtype. Only bf16 on a CPU (the interpreter,
 which computes bf16 wrongly) is upcast to fp32 right after loading. Any T (masked tails), head dims that are powers of
-two from 16 to 256, GQA.
+two from 16 to 256, GQA; in fp32 on a GPU, head dims up to 128 (at 256 the dk/dv kernel needs 272 KiB of shared
+memory, a Hopper block has 227 KiB: figures from compiling for sm_90). Shared memory otherwise peaks at 192 KiB.
 """
 from __future__ import annotations
 
@@ -27,6 +28,11 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.backends import TRITON_FP32_MAX_HEAD_DIM, triton_dot_precision
+
+# Arguments that change from call to call (sequence length, head counts, window, sinks): Triton would compile a kernel
+# for each of them equal to 1 or a multiple of 16 (fp32 kernels take up to half a minute to compile); one serves all.
+VARYING = ("T", "HQ", "HK", "GROUP", "W", "N_SINK")
 BLOCK_M = 64
 BLOCK_N = 64
 LOG2E = tl.constexpr(1.4426950408889634)  # scores are kept in base 2 (exp2)
@@ -65,12 +71,13 @@ def _key_blocks(m0, T, W, N_SINK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _scores_block(q, k_base, v_base, n0, d, sk_t, T, scale, BLOCK_N: tl.constexpr, NATIVE: tl.constexpr):
+def _scores_block(q, k_base, v_base, n0, d, sk_t, T, scale, BLOCK_N: tl.constexpr, NATIVE: tl.constexpr,
+                  PREC: tl.constexpr):
     """Key positions s, key and value tiles, and the base-2 scaled scores q k^T of the key block at n0."""
     s = n0 + tl.arange(0, BLOCK_N)
     kb = _tile(k_base + s[:, None] * sk_t + d[None, :], s[:, None] < T, NATIVE)
     vb = _tile(v_base + s[:, None] * sk_t + d[None, :], s[:, None] < T, NATIVE)
-    return s, kb, vb, tl.dot(q, tl.trans(kb)) * (scale * LOG2E)
+    return s, kb, vb, tl.dot(q, tl.trans(kb), input_precision=PREC) * (scale * LOG2E)
 
 
 @triton.jit
@@ -79,10 +86,11 @@ def _next_key_block(n0, lo, BLOCK_N: tl.constexpr):
     return tl.where(n0 + BLOCK_N < lo, lo, n0 + BLOCK_N)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=VARYING)
 def _fwd_kernel(Q, K, V, O, LSE, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, so_b, so_t, so_h,
                 T, HQ, GROUP, W, N_SINK, scale,
-                D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NATIVE: tl.constexpr):
+                D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NATIVE: tl.constexpr,
+                PREC: tl.constexpr):
     b, hq, hk, pid_bh, m0, t = _query_block(HQ, GROUP, BLOCK_M)
     d = tl.arange(0, D)
     q = _tile(Q + b * sq_b + hq * sq_h + t[:, None] * sq_t + d[None, :], t[:, None] < T, NATIVE)
@@ -92,14 +100,14 @@ def _fwd_kernel(Q, K, V, O, LSE, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, so_b, so_t,
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     n0, lo, hi = _key_blocks(m0, T, W, N_SINK, BLOCK_M, BLOCK_N)
     while n0 < hi:
-        s, kb, vb, scores = _scores_block(q, k_base, v_base, n0, d, sk_t, T, scale, BLOCK_N, NATIVE)
+        s, kb, vb, scores = _scores_block(q, k_base, v_base, n0, d, sk_t, T, scale, BLOCK_N, NATIVE, PREC)
         scores = tl.where(_visible(t, s, T, W, N_SINK), scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp2(scores - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
+        acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb, input_precision=PREC)
         m_i = m_new
         n0 = _next_key_block(n0, lo, BLOCK_N)
     l_i = tl.where(t < T, l_i, 1.0)  # rows past T see no key; every real row sees at least itself
@@ -109,10 +117,11 @@ def _fwd_kernel(Q, K, V, O, LSE, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, so_b, so_t,
     tl.store(LSE + pid_bh * T + t, m_i + tl.log2(l_i), mask=t < T)  # base-2 log-sum-exp of scaled scores
 
 
-@triton.jit
+@triton.jit(do_not_specialize=VARYING)
 def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h,
                    T, HQ, GROUP, W, N_SINK, scale,
-                   D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NATIVE: tl.constexpr):
+                   D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NATIVE: tl.constexpr,
+                PREC: tl.constexpr):
     b, hq, hk, pid_bh, m0, t = _query_block(HQ, GROUP, BLOCK_M)
     d = tl.arange(0, D)
     row = b * sq_b + hq * sq_h + t[:, None] * sq_t + d[None, :]
@@ -124,19 +133,20 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, sq_b, sq_t, sq_h, sk_b, sk_t, sk
     dq = tl.zeros([BLOCK_M, D], tl.float32)
     n0, lo, hi = _key_blocks(m0, T, W, N_SINK, BLOCK_M, BLOCK_N)
     while n0 < hi:
-        s, kb, vb, scores = _scores_block(q, k_base, v_base, n0, d, sk_t, T, scale, BLOCK_N, NATIVE)
+        s, kb, vb, scores = _scores_block(q, k_base, v_base, n0, d, sk_t, T, scale, BLOCK_N, NATIVE, PREC)
         p = tl.where(_visible(t, s, T, W, N_SINK), tl.exp2(scores - lse[:, None]), 0.0)
-        dp = tl.dot(do, tl.trans(vb))
+        dp = tl.dot(do, tl.trans(vb), input_precision=PREC)
         ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(kb.dtype), kb)
+        dq += tl.dot(ds.to(kb.dtype), kb, input_precision=PREC)
         n0 = _next_key_block(n0, lo, BLOCK_N)
     tl.store(DQ + row, (dq * scale).to(DQ.dtype.element_ty), mask=t[:, None] < T)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=VARYING)
 def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h,
                      T, HQ, HK, GROUP, W, N_SINK, scale,
-                     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NATIVE: tl.constexpr):
+                     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NATIVE: tl.constexpr,
+                PREC: tl.constexpr):
     pid_n, pid_bh = tl.program_id(0), tl.program_id(1)
     b, hk = pid_bh // HK, pid_bh % HK
     n0 = pid_n * BLOCK_N
@@ -162,13 +172,13 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, sq_b, sq_t, sq_h, sk_b, sk
             do = _tile(DO + row, t[:, None] < T, NATIVE)
             lse = tl.load(LSE + bh * T + t, mask=t < T, other=0.0)
             delta = tl.load(DELTA + bh * T + t, mask=t < T, other=0.0)
-            scores = tl.dot(q, tl.trans(kb)) * (scale * LOG2E)
+            scores = tl.dot(q, tl.trans(kb), input_precision=PREC) * (scale * LOG2E)
             visible = _visible(t, s, T, W, N_SINK) & (t[:, None] < T)
             p = tl.where(visible, tl.exp2(scores - lse[:, None]), 0.0)
-            dv += tl.dot(tl.trans(p).to(do.dtype), do)
-            dp = tl.dot(do, tl.trans(vb))
+            dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PREC)
+            dp = tl.dot(do, tl.trans(vb), input_precision=PREC)
             ds = p * (dp - delta[:, None])
-            dk += tl.dot(tl.trans(ds).to(q.dtype), q)
+            dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PREC)
             m0 += BLOCK_M
     tl.store(DK + kv_row, (dk * scale).to(DK.dtype.element_ty), mask=s[:, None] < T)
     tl.store(DV + kv_row, dv.to(DV.dtype.element_ty), mask=s[:, None] < T)
@@ -185,12 +195,21 @@ def new_like(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
+def _options(q: torch.Tensor) -> dict:
+    """The compile-time options every launch shares."""
+    return dict(D=q.shape[-1], BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, NATIVE=_native_dots(q),
+                PREC=triton_dot_precision(q.dtype), num_warps=4)
+
+
 def _check(q, k, v, n_sink):
     D = q.shape[-1]
     if D < 16 or D > 256 or D & (D - 1):
         raise ValueError(f"Triton SWA: head dim must be a power of two in [16, 256] (got {D})")
     if n_sink > BLOCK_N:
         raise ValueError(f"Triton SWA: at most {BLOCK_N} sink tokens (got {n_sink})")
+    if q.is_cuda and q.element_size() >= 4 and D > TRITON_FP32_MAX_HEAD_DIM:
+        raise ValueError(f"Triton SWA: fp32 takes head dims up to {TRITON_FP32_MAX_HEAD_DIM} (got {D}): its backward "
+                         "would need more shared memory than a GPU block has; use bf16/fp16 or the torch backend")
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"Triton SWA: query heads {q.shape[2]} not a multiple of key/value heads {k.shape[2]}")
 
@@ -198,16 +217,15 @@ def _check(q, k, v, n_sink):
 class SlidingWindowAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, window, n_sink, scale):
-        B, T, HQ, D = q.shape
+        B, T, HQ, _ = q.shape
         HK = k.shape[2]
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         o = new_like(q)
-        native = _native_dots(q)
         lse = torch.empty(B * HQ, T, device=q.device, dtype=torch.float32)
         grid = (triton.cdiv(T, BLOCK_M), B * HQ)
         _fwd_kernel[grid](q, k, v, o, lse, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
                           k.stride(2), o.stride(0), o.stride(1), o.stride(2), T, HQ, HQ // HK, window, n_sink,
-                          scale, D=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, NATIVE=native, num_warps=4)
+                          scale, **_options(q))
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.window, ctx.n_sink, ctx.scale = window, n_sink, scale
         return o
@@ -215,19 +233,18 @@ class SlidingWindowAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        B, T, HQ, D = q.shape
+        B, T, HQ, _ = q.shape
         HK = k.shape[2]
         do = do.contiguous()
         delta = (do.float() * o.float()).sum(-1).permute(0, 2, 1).reshape(B * HQ, T).contiguous()
         dq, dk, dv = new_like(q), new_like(k), new_like(v)
-        native = _native_dots(q)
         args = (ctx.window, ctx.n_sink, ctx.scale)
         _bwd_dq_kernel[(triton.cdiv(T, BLOCK_M), B * HQ)](
             q, k, v, do, dq, lse, delta, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
-            k.stride(2), T, HQ, HQ // HK, *args, D=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, NATIVE=native, num_warps=4)
+            k.stride(2), T, HQ, HQ // HK, *args, **_options(q))
         _bwd_dkdv_kernel[(triton.cdiv(T, BLOCK_N), B * HK)](
             q, k, v, do, dk, dv, lse, delta, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
-            k.stride(2), T, HQ, HK, HQ // HK, *args, D=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, NATIVE=native, num_warps=4)
+            k.stride(2), T, HQ, HK, HQ // HK, *args, **_options(q))
         return dq, dk, dv, None, None, None
 
 
