@@ -5,6 +5,12 @@ document), under `data_dir`, unless they are already there; training streams the
 StreamingDataLoader. `main.py validate` reads `val/`, `main.py test` the held-out `test/` split.
 
 Decisions:
+- The source is read and tokenized once, by one worker process per core (inputs dealt round-robin); each input's
+  tokens go to a staging file per split, and litdata's `optimize` then writes each split's shards from those files
+  in one process, so the shards are byte for byte those of a single process whatever the number of cores.
+  Validation bytes and recall tokens for meta.json are counted in the same pass. The workers are plain processes,
+  not a pool (a pool can hang in its terminate on an interrupted run); Ctrl-C is held back while they start, so
+  none can escape being stopped, and a worker's failure is raised by the parent naming the input.
 - Shards are written with litdata's `optimize` and `TokensLoader` (documents concatenated, each followed by the
   end-of-text id), with a chunk size that is a multiple of seq_len + 1 so no block straddles a chunk
   (docs/design.md section 8).
@@ -39,6 +45,7 @@ import re
 import shutil
 import signal
 import sys
+import traceback
 import warnings
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -79,20 +86,55 @@ def _tokenizer(spec: str):
     return load_tokenizer(spec)
 
 
-def tokenize_ref(position: int, refs: list[str], tokenizer: str, split: str, val_fraction: float,
-                 test_fraction: float, recall: dict | None = None):
-    """litdata `optimize` worker: yields one token array per document of `refs[position]` that belongs to `split` (a
-    recall document, ref "recall:<index>", belongs to the training split). The inputs are positions, not the refs
-    themselves: litdata treats inputs that name files as its input folder and wants every input to name one."""
+def tokenize_ref(position: int, refs: list[str], tokenizer: str, val_fraction: float, test_fraction: float,
+                 recall: dict | None, staging: Path) -> None:
+    """Reads `refs[position]` once and writes the tokens of its documents, each followed by the end-of-text id, to
+    staging/<position>.npz, one array per split (a recall document, ref "recall:<index>", belongs to the training
+    split), and to staging/<position>.json what meta.json needs from it: the validation text's bytes and tokens, the
+    recall tokens, and the ref if it is not UTF-8."""
     ref = refs[position]
     tok = _tokenizer(tokenizer)
     dtype = np.uint16 if tok.vocab_size <= 1 << 16 else np.int32
+    tokens = {split: [] for split in SPLITS}
+    counts = {"val_bytes": 0, "val_tokens": 0, "recall_tokens": 0, "undecodable": None}
     if ref.startswith(RECALL_PREFIX):
-        texts = [training_document(int(ref[len(RECALL_PREFIX):]), RecallMix(**recall))[0]]
+        ids = tok.encode(training_document(int(ref[len(RECALL_PREFIX):]), RecallMix(**recall))[0]) + [tok.eos_id]
+        tokens["train"].append(ids)
+        counts["recall_tokens"] = len(ids)
     else:
-        texts = [text for name, text in read_documents(ref) if split_of(name, val_fraction, test_fraction) == split]
-    for text in texts:
-        yield np.asarray(tok.encode(text) + [tok.eos_id], dtype=dtype)
+        undecodable = []
+        for name, text in read_documents(ref, undecodable):
+            split = split_of(name, val_fraction, test_fraction)
+            tokens[split].append(tok.encode(text) + [tok.eos_id])
+            if split == "val":
+                counts["val_bytes"] += len(text.encode("utf-8"))
+                counts["val_tokens"] += len(tokens[split][-1])
+        counts["undecodable"] = undecodable[0] if undecodable else None
+    np.savez(staging / f"{position}.npz", **{split: np.asarray([t for ids in tokens[split] for t in ids], dtype=dtype)
+                                            for split in SPLITS})
+    (staging / f"{position}.json").write_text(json.dumps(counts))
+
+
+def tokenizing_worker(index: int, workers: int, refs: list[str], staging: Path, settings: dict) -> None:
+    """One of `workers` processes: tokenizes inputs index, index + workers, ... (`tokenize_ref`). Ctrl-C is the
+    parent's to handle, so SIGINT is ignored here; a failure is written to staging/worker-<index>.err, naming the
+    input, and ends the process with status 1."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # inherited blocked from the parent's start-up
+    for position in range(index, len(refs), workers):
+        try:
+            tokenize_ref(position, refs=refs, staging=staging, **settings)
+        except Exception:  # noqa: BLE001 - reported to the parent, which raises it
+            (staging / f"worker-{index}.err").write_text(f"{refs[position]}: {traceback.format_exc()}")
+            sys.exit(1)
+
+
+def staged_tokens(position: int, staging: Path, split: str):
+    """litdata `optimize` worker: the staged tokens of input `position` for `split`. The inputs are positions, not
+    refs: litdata treats inputs that name files as its input folder and wants every input to name one."""
+    tokens = np.load(staging / f"{position}.npz")[split]
+    if tokens.size:
+        yield tokens
 
 
 class TextDataModule(L.LightningDataModule):
@@ -186,15 +228,17 @@ class TextDataModule(L.LightningDataModule):
         try:
             with _interruptible():
                 recall = [f"{RECALL_PREFIX}{i}" for i in range(self.recall.documents)] if self.recall else []
+                inputs = refs + recall
+                counts = self._tokenize(inputs, tmp / "staging")
+                position = {ref: i for i, ref in enumerate(inputs)}
                 for split in SPLITS:
-                    ordered = shuffled(refs + recall) if split == "train" else refs
-                    fn = functools.partial(tokenize_ref, refs=ordered, tokenizer=self.tokenizer_spec, split=split,
-                                           val_fraction=self.val_fraction, test_fraction=self.test_fraction,
-                                           recall=asdict(self.recall) if self.recall else None)
-                    optimize(fn=fn, inputs=list(range(len(ordered))), output_dir=str(tmp / split), chunk_size=chunk,
+                    order = [position[ref] for ref in shuffled(inputs)] if split == "train" else range(len(refs))
+                    fn = functools.partial(staged_tokens, staging=tmp / "staging", split=split)
+                    optimize(fn=fn, inputs=list(order), output_dir=str(tmp / split), chunk_size=chunk,
                              item_loader=TokensLoader(), num_workers=1, reorder_files=False, verbose=False,
                              start_method=START_METHOD)
-            meta = (self._expected_meta() | self._measure(refs, tmp)
+            shutil.rmtree(tmp / "staging")
+            meta = (self._expected_meta() | self._measure(counts, len(refs), tmp)
                     | {"tokenizer_fingerprint": self.tokenizer.fingerprint, "sha256": checksums(tmp, SPLITS)})
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
             tmp.parent.mkdir(parents=True, exist_ok=True)
@@ -205,28 +249,57 @@ class TextDataModule(L.LightningDataModule):
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    def _measure(self, refs: list[str], out: Path) -> dict:
+    def _tokenize(self, inputs: list[str], staging: Path) -> list[dict]:
+        """Every input read and tokenized once, by one worker process per core (`tokenizing_worker`), into `staging`;
+        returns each input's counts. Plain processes, no pool: a pool's terminate can block on the lock an idle
+        worker holds on the task queue, so an interrupted preparation could hang; a process is stopped whatever it
+        is doing, and this method never returns or raises with one alive."""
+        staging.mkdir(parents=True)
+        settings = dict(tokenizer=self.tokenizer_spec, val_fraction=self.val_fraction, test_fraction=self.test_fraction,
+                        recall=asdict(self.recall) if self.recall else None)
+        n = min(os.cpu_count() or 1, max(1, len(inputs)))
+        context = multiprocessing.get_context(START_METHOD)
+        # Daemons: should one ever escape, the interpreter's exit stops it instead of waiting for it.
+        workers = [context.Process(target=tokenizing_worker, args=(k, n, inputs, staging, settings), daemon=True)
+                   for k in range(n)]
+        try:
+            # Ctrl-C is held back while the workers start: one arriving inside Process.start() could leave a
+            # running worker that is not yet known as started, which nothing would stop.
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                for worker in workers:
+                    worker.start()
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            for worker in workers:
+                worker.join()
+        finally:
+            _stop({worker for worker in workers if worker.is_alive()})
+        for k, worker in enumerate(workers):
+            if worker.exitcode != 0:
+                report = staging / f"worker-{k}.err"
+                raise RuntimeError(f"tokenizing {self.source} failed: "
+                                   + (report.read_text() if report.exists() else f"worker exit code {worker.exitcode}"))
+        return [json.loads((staging / f"{position}.json").read_text()) for position in range(len(inputs))]
+
+    def _measure(self, counts: list[dict], n_refs: int, out: Path) -> dict:
         """Tokens per split (from the indexes), bytes per token of the validation text, skipped files reported."""
-        tok, n_bytes, n_tokens, undecodable = self.tokenizer, 0, 0, []
-        for ref in refs:
-            for name, text in read_documents(ref, undecodable):
-                if split_of(name, self.val_fraction, self.test_fraction) == "val":
-                    n_bytes += len(text.encode("utf-8"))
-                    n_tokens += len(tok.encode(text)) + 1
+        tok = self.tokenizer
+        n_bytes, n_tokens = sum(c["val_bytes"] for c in counts), sum(c["val_tokens"] for c in counts)
+        undecodable = [c["undecodable"] for c in counts if c["undecodable"]]
         if undecodable:
-            warnings.warn(f"{len(undecodable)} of the {len(refs)} files of {self.source} are not UTF-8 text and were "
+            warnings.warn(f"{len(undecodable)} of the {n_refs} files of {self.source} are not UTF-8 text and were "
                           f"skipped, e.g. {', '.join(undecodable[:UNDECODABLE_EXAMPLES])}", stacklevel=3)
-        counts = {f"{split}_tokens": split_tokens(out / split) for split in SPLITS}
+        split_counts = {f"{split}_tokens": split_tokens(out / split) for split in SPLITS}
         for split in SPLITS:
-            if counts[f"{split}_tokens"] < self.seq_len + 1:
-                raise ValueError(f"the {split} split of {self.source} has {counts[f'{split}_tokens']} tokens, fewer "
-                                 f"than one block of seq_len + 1 = {self.seq_len + 1}: add text or change "
+            if split_counts[f"{split}_tokens"] < self.seq_len + 1:
+                raise ValueError(f"the {split} split of {self.source} has {split_counts[f'{split}_tokens']} tokens, "
+                                 f"fewer than one block of seq_len + 1 = {self.seq_len + 1}: add text or change "
                                  f"val_fraction / test_fraction / seq_len")
-        recall_tokens = sum(len(tok.encode(training_document(i, self.recall)[0])) + 1
-                            for i in range(self.recall.documents)) if self.recall else 0
-        return counts | {"vocab_size": tok.vocab_size, "bytes_per_token": n_bytes / max(n_tokens, 1),
-                         "undecodable_files": len(undecodable), "recall_train_tokens": recall_tokens,
-                         "recall_share_of_train": recall_tokens / max(counts["train_tokens"], 1)}
+        recall_tokens = sum(c["recall_tokens"] for c in counts)
+        return split_counts | {"vocab_size": tok.vocab_size, "bytes_per_token": n_bytes / max(n_tokens, 1),
+                               "undecodable_files": len(undecodable), "recall_train_tokens": recall_tokens,
+                               "recall_share_of_train": recall_tokens / max(split_counts["train_tokens"], 1)}
 
     # ---- reading -------------------------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
@@ -361,7 +434,11 @@ def _raise_keyboard_interrupt(processor, signum, frame):
 
 
 def _stop(processes: set) -> None:
+    """SIGTERM, then SIGKILL for any process still alive after 5 s."""
     for process in processes:
         process.terminate()
     for process in processes:
         process.join(timeout=5)
+        if process.is_alive():
+            process.kill()
+            process.join()

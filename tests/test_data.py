@@ -300,36 +300,72 @@ INTERRUPTED_PREPARATION = """
 import os, signal, sys, time
 import swax_lightning.data as data
 
-def interrupting(position, **settings):  # the litdata worker: Ctrl-C reaches the preparing process while it is busy
+def interrupting(position, **settings):  # a worker: Ctrl-C reaches the preparing process while it is busy
+    with open(sys.argv[2] + ".all", "a") as f:  # every worker that got here, for the test to check they are gone
+        f.write(f"{os.getpid()}\\n")
+    try:  # the first worker here presses Ctrl-C once; the others just stay busy
+        flag = os.open(sys.argv[2] + ".claimed", os.O_CREAT | os.O_EXCL)
+    except FileExistsError:
+        time.sleep(60)
+        return
+    os.close(flag)
     with open(sys.argv[2], "w") as f:
         f.write(str(os.getpid()))
     os.kill(os.getppid(), signal.SIGINT)
     time.sleep(60)
+
+def interrupting_generator(position, **settings):
+    interrupting(position)
     yield from ()
 
-data.tokenize_ref = interrupting
+if sys.argv[4] == "litdata":
+    data.staged_tokens = interrupting_generator
+else:
+    data.tokenize_ref = interrupting
 data.TextDataModule(source=sys.argv[1], data_dir=sys.argv[3], seq_len=31).prepare_data()
 """
 
 
-def test_ctrl_c_inside_litdata_fails_and_leaves_no_folder_and_no_worker(source, tmp_path):
-    """litdata's own SIGINT handler exited with status 0, kept the temporary folder and orphaned the worker."""
+@pytest.mark.parametrize("stage", ["tokenizing", "litdata"])
+def test_ctrl_c_inside_a_worker_fails_and_leaves_no_folder_and_no_worker(source, tmp_path, stage):
+    """Ctrl-C while the tokenizing workers or litdata's writer are busy: a failure (litdata's own SIGINT handler
+    exited with status 0, kept the temporary folder and orphaned its worker), no folder, no worker left."""
     script, worker_pid, out = tmp_path / "prepare.py", tmp_path / "worker.pid", tmp_path / "out"
     script.write_text(INTERRUPTED_PREPARATION)
-    result = subprocess.run([sys.executable, str(script), str(source), str(worker_pid), str(out / "d")],
+    result = subprocess.run([sys.executable, str(script), str(source), str(worker_pid), str(out / "d"), stage],
                             capture_output=True, text=True, timeout=300,
                             env=os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[1])})
-    worker = int(worker_pid.read_text())
+    workers = {int(pid) for pid in Path(f"{worker_pid}.all").read_text().split()}
     try:
         assert result.returncode != 0 and "KeyboardInterrupt" in result.stderr, result.stderr[-2000:]
         assert list(out.iterdir()) == []
         deadline = time.time() + 10
-        while _running(worker) and time.time() < deadline:
+        while any(map(_running, workers)) and time.time() < deadline:
             time.sleep(0.2)
-        assert not _running(worker)
+        assert not any(map(_running, workers))
     finally:
-        if _running(worker):
+        for worker in filter(_running, workers):
             os.kill(worker, signal.SIGKILL)
+
+
+def test_a_failing_input_is_named_and_nothing_is_left(source, tmp_path, monkeypatch):
+    """A tokenizing worker that fails: the preparation raises naming the input and the error, keeps no folder."""
+    import swax_lightning.data as data
+
+    tokenize = data.tokenize_ref
+
+    def failing(position, refs, **settings):
+        if refs[position].endswith("doc07.txt"):
+            raise ValueError("cannot tokenize this")
+        tokenize(position, refs=refs, **settings)
+
+    monkeypatch.setattr(data, "tokenize_ref", failing)  # the workers are forked: they see it
+    dm = TextDataModule(source=str(source), data_dir=str(tmp_path / "out" / "d"), seq_len=SEQ)
+    (tmp_path / "out").mkdir()
+    with pytest.raises(RuntimeError, match=r"(?s)doc07\.txt: .*ValueError: cannot tokenize this"):
+        dm.prepare_data()
+    assert list((tmp_path / "out").iterdir()) == []
+    assert not multiprocessing.active_children()
 
 
 def test_temporary_folder_of_a_killed_preparation_is_removed(prepared, tmp_path):
