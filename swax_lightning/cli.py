@@ -50,7 +50,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
 from swax_lightning.checkpoints import refuse_unloadable_checkpoint, run_folder
-from swax_lightning.config import ConfigError, ModelConfig
+from swax_lightning.config import ConfigError, ModelConfig, read_config_file
 from swax_lightning.data import TextDataModule
 from swax_lightning.evals.suite import EvalSuite
 from swax_lightning.module import LanguageModule, check_architecture
@@ -273,19 +273,11 @@ def _config_args(value: str) -> list[str]:
         if value.endswith((".yaml", ".yml", ".json")) and ": " not in value and "\n" not in value:
             raise ConfigError(f"config file not found: {value}")
         return ["--config", value]  # a YAML string
-    try:
-        cfg = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from err
-    if not isinstance(cfg, dict) or "extends" not in cfg:
+    base, cfg = read_config_file(path)
+    if base is None:
         return ["--config", value]
-    base = path.parent / cfg.pop("extends")
-    if not base.is_file():
-        raise ConfigError(f"{path}: extends a missing file {base}")
-    for key, val in cfg.items():  # section files named in FILE, made absolute
-        if isinstance(val, str) and val.endswith((".yaml", ".yml")) and (path.parent / val).is_file():
-            cfg[key] = str((path.parent / val).resolve())
     return _config_args(str(base)) + ["--config", f"{ORIGIN_MARK}{path}\n{yaml.safe_dump(cfg)}"]
+
 
 
 

@@ -10,10 +10,15 @@ Decisions:
 - `window` is the number of keys a query sees, the current token included (docs/design.md section 2); it is also the
   evaluation window. The training-time window is changed per step with `SWAXModel.set_window`, not here.
 - Errors name the field and the allowed range, so a wrong YAML value is found at once.
+- `read_config_file` is the one reader of a run config file's `extends:` and section-file names, for the CLI
+  (cli.expand_extends) and the memory estimate alike.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
 
 from kernels import backends
 
@@ -176,3 +181,23 @@ class ModelConfig:
 def _require(ok: bool, name: str, rule: str, value) -> None:
     if not ok:
         raise ConfigError(f"ModelConfig.{name} {rule} (got {value!r})")
+
+
+def read_config_file(path: Path) -> tuple[Path | None, dict]:
+    """One run config file: (the file its `extends:` names, or None; its other settings, with the section files it
+    names made absolute). The one reader of `extends:`, for the CLI and for `python -m swax_lightning.memory`."""
+    try:
+        cfg = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from err
+    if not isinstance(cfg, dict):
+        return None, cfg
+    for key, val in cfg.items():
+        if isinstance(val, str) and val.endswith((".yaml", ".yml")) and (path.parent / val).is_file():
+            cfg[key] = str((path.parent / val).resolve())
+    if "extends" not in cfg:
+        return None, cfg
+    base = path.parent / cfg.pop("extends")
+    if not base.is_file():
+        raise ConfigError(f"{path}: extends a missing file {base}")
+    return base, cfg

@@ -31,7 +31,7 @@ import yaml
 
 from swax_lightning import mlstm as mlstm_module
 from swax_lightning import swa as swa_module
-from swax_lightning.config import ModelConfig
+from swax_lightning.config import ModelConfig, read_config_file
 from swax_lightning.model import SWAXModel
 
 GIB = 2**30
@@ -174,13 +174,13 @@ def _load_run(path: Path) -> tuple[dict, dict, dict]:
 
 
 def _sections(path: Path) -> dict:
-    """The config's settings with its `extends:` base underneath (nested mappings merged, as the CLI applies them)."""
-    run = yaml.safe_load(path.read_text()) or {}
-    base = _sections(path.parent / run.pop("extends")) if "extends" in run else {}
+    """The config's settings with its `extends:` base underneath (nested mappings merged, as the CLI applies them);
+    files are read by the CLI's own reader."""
+    base, run = read_config_file(path)
     for key, value in run.items():
-        if isinstance(value, str) and value.endswith((".yaml", ".yml")):  # a section file next to the config
-            run[key] = yaml.safe_load((path.parent / value).read_text()) or {}
-    return _merged(base, run)
+        if isinstance(value, str) and value.endswith((".yaml", ".yml")):  # a section file (made absolute)
+            run[key] = yaml.safe_load(Path(value).read_text()) or {}
+    return _merged(_sections(base) if base else {}, run)
 
 
 def _merged(base: dict, over: dict) -> dict:
