@@ -54,21 +54,24 @@ fi
 stage flash_attn 10 "$PY" -m pip install -q --only-binary=:all: flash-attn
 stage fla 10 "$PY" -m pip install -q fla-core==0.6.0 einops==0.8.2  # a no-op when the wheels put it there
 # One line per test, so a stage stopped at its limit still says which tests passed; a per-test limit where the
-# pytest-timeout plugin is there. The first fp32 call of an own kernel compiles for up to half a minute, and
-# FlexAttention compiles per shape: its tests run last, in their own stage.
+# pytest-timeout plugin is there. The first fp32 call of an own kernel compiles for up to half a minute, so the
+# tests run in stages with their own limits: mLSTM, fla, loss and backend choice; attention; FlexAttention (which
+# compiles per shape) last.
 PER_TEST=$("$PY" -c "import pytest_timeout" 2>/dev/null && echo "--timeout 60")
 # The interpreter off: tests/conftest.py switches it on for the CPU tests unless told otherwise.
 export TRITON_INTERPRET=0
-stage gpu_tests 150 "$PY" -m pytest -v -rs -m gpu tests/test_gpu.py -k "not flex" $PER_TEST
-stage swa 75 "$PY" benchmarks/swa_kernel.py --lengths 4096 16384 65536 --windows 128 2048 --n_sink 0 \
+stage gpu_tests 80 "$PY" -m pytest -v -rs -m gpu tests/test_gpu.py -k "not attention and not head_dim" $PER_TEST
+stage gpu_tests_attention 100 "$PY" -m pytest -v -rs -m gpu tests/test_gpu.py -k "(attention or head_dim) and not flex" \
+  $PER_TEST
+stage swa 70 "$PY" benchmarks/swa_kernel.py --lengths 4096 16384 65536 --windows 128 2048 --n_sink 0 \
   --heads 16 --head_dim 128
 stage mlstm 70 "$PY" benchmarks/mlstm_kernel.py --lengths 4096 16384 65536 --shapes 16x128x128 4x256x512
-stage train_1.4b 40 "$PY" benchmarks/train_step.py --config configs/base/model_1.4b.yaml --seq 16384 \
+stage train_1.4b 35 "$PY" benchmarks/train_step.py --config configs/base/model_1.4b.yaml --seq 16384 \
   --window 2048 --warmup 2 --steps 3
 
-stage fit_tiny 40 "$PY" main.py fit --config configs/tiny.yaml --trainer.accelerator gpu \
+stage fit_tiny 35 "$PY" main.py fit --config configs/tiny.yaml --trainer.accelerator gpu \
   --trainer.precision bf16-mixed --trainer.max_steps 200 --trainer.logger.init_args.save_dir "$LOG/runs"
-stage gpu_tests_flex 55 "$PY" -m pytest -v -rs -m gpu tests/test_gpu.py -k flex $PER_TEST
+stage gpu_tests_flex 35 "$PY" -m pytest -v -rs -m gpu tests/test_gpu.py -k flex $PER_TEST
 
 "$PY" - "$LOG" "$SUMMARY" "$start" <<'PYEOF'
 import json, pathlib, sys, time
@@ -85,10 +88,11 @@ def rows(name):
     return out
 
 result = {"total_s": int(time.time()) - start, "stages": {}}
-for name in ("install", "flash_attn", "fla", "gpu_tests", "swa", "mlstm", "train_1.4b", "fit_tiny", "gpu_tests_flex"):
+for name in ("install", "flash_attn", "fla", "gpu_tests", "gpu_tests_attention", "swa", "mlstm", "train_1.4b", "fit_tiny",
+             "gpu_tests_flex"):
     text = (log / f"{name}.log").read_text(errors="replace")
     stage = {"rc": int((log / f"{name}.rc").read_text()), "seconds": int((log / f"{name}.s").read_text())}
-    if name in ("install", "gpu_tests", "gpu_tests_flex", "flash_attn", "fla", "fit_tiny"):
+    if name in ("install", "gpu_tests", "gpu_tests_attention", "gpu_tests_flex", "flash_attn", "fla", "fit_tiny"):
         stage["tail"] = text.strip().splitlines()[-3:]
     else:
         stage["rows"] = rows(name)
