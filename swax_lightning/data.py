@@ -8,9 +8,10 @@ Decisions:
 - The source is read and tokenized once, by one worker process per core (inputs dealt round-robin); each input's
   tokens go to a staging file per split, and litdata's `optimize` then writes each split's shards from those files
   in one process, so the shards are byte for byte those of a single process whatever the number of cores.
-  Validation bytes and recall tokens for meta.json are counted in the same pass. The workers are plain processes,
-  not a pool (a pool can hang in its terminate on an interrupted run); Ctrl-C is held back while they start, so
-  none can escape being stopped, and a worker's failure is raised by the parent naming the input.
+  Validation bytes and recall tokens for meta.json are counted in the same pass. The workers are plain daemon
+  processes; Ctrl-C is held back while they start (one arriving inside Process.start() could leave a running
+  worker nothing stops, which the interpreter's exit then waits for: the likely cause of an interrupted-preparation
+  test hanging), and a worker's failure is raised by the parent naming the input.
 - Shards are written with litdata's `optimize` and `TokensLoader` (documents concatenated, each followed by the
   end-of-text id), with a chunk size that is a multiple of seq_len + 1 so no block straddles a chunk
   (docs/design.md section 8).
@@ -251,9 +252,8 @@ class TextDataModule(L.LightningDataModule):
 
     def _tokenize(self, inputs: list[str], staging: Path) -> list[dict]:
         """Every input read and tokenized once, by one worker process per core (`tokenizing_worker`), into `staging`;
-        returns each input's counts. Plain processes, no pool: a pool's terminate can block on the lock an idle
-        worker holds on the task queue, so an interrupted preparation could hang; a process is stopped whatever it
-        is doing, and this method never returns or raises with one alive."""
+        returns each input's counts. Plain processes, each stopped whatever it is doing: this method never returns
+        or raises with one alive."""
         staging.mkdir(parents=True)
         settings = dict(tokenizer=self.tokenizer_spec, val_fraction=self.val_fraction, test_fraction=self.test_fraction,
                         recall=asdict(self.recall) if self.recall else None)
