@@ -121,7 +121,6 @@ def tokenizing_worker(index: int, workers: int, refs: list[str], staging: Path, 
     parent's to handle, so SIGINT is ignored here; a failure is written to staging/worker-<index>.err, naming the
     input, and ends the process with status 1."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # inherited blocked from the parent's start-up
     for position in range(index, len(refs), workers):
         try:
             tokenize_ref(position, refs=refs, staging=staging, **settings)

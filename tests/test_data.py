@@ -42,6 +42,21 @@ def prepared(source, tmp_path_factory):
     return dm
 
 
+@pytest.mark.parametrize("cores", [1, 3])
+def test_shards_are_the_same_whatever_the_number_of_cores(prepared, tmp_path, monkeypatch, cores):
+    """One tokenizing worker, or more workers than this machine has cores: every shard file and every figure of
+    meta.json equal to those of the fixture's preparation (index.json aside: litdata stamps it with the time)."""
+    import swax_lightning.data as data
+
+    monkeypatch.setattr(data.os, "cpu_count", lambda: cores)
+    again = _reuse(prepared, data_dir=str(tmp_path / "d"))
+    again.prepare_data()
+    chunks = lambda root: {p.relative_to(root): p.read_bytes() for p in sorted(root.glob("*/*.bin"))}
+    assert chunks(again.data_dir) and chunks(again.data_dir) == chunks(prepared.data_dir)
+    meta = lambda root: {k: v for k, v in json.loads((root / "meta.json").read_text()).items() if k != "sha256"}
+    assert meta(again.data_dir) == meta(prepared.data_dir)
+
+
 def _reuse(prepared, **overrides):
     """A data module over the prepared shards (same settings unless overridden)."""
     settings = dict(source=prepared.source, data_dir=str(prepared.data_dir), seq_len=SEQ, batch_size=4,

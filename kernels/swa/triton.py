@@ -121,7 +121,7 @@ def _fwd_kernel(Q, K, V, O, LSE, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, so_b, so_t,
 def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h,
                    T, HQ, GROUP, W, N_SINK, scale,
                    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NATIVE: tl.constexpr,
-                PREC: tl.constexpr):
+                   PREC: tl.constexpr):
     b, hq, hk, pid_bh, m0, t = _query_block(HQ, GROUP, BLOCK_M)
     d = tl.arange(0, D)
     row = b * sq_b + hq * sq_h + t[:, None] * sq_t + d[None, :]
@@ -146,7 +146,7 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, sq_b, sq_t, sq_h, sk_b, sk_t, sk
 def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h,
                      T, HQ, HK, GROUP, W, N_SINK, scale,
                      D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NATIVE: tl.constexpr,
-                PREC: tl.constexpr):
+                     PREC: tl.constexpr):
     pid_n, pid_bh = tl.program_id(0), tl.program_id(1)
     b, hk = pid_bh // HK, pid_bh % HK
     n0 = pid_n * BLOCK_N
