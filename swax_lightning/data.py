@@ -31,6 +31,9 @@ Decisions:
   recall document at all.
 - `recall` adds synthetic long-range recall documents (recall.py) to the training split only, so validation and test
   losses stay those of the source's text; meta.json records their tokens and share of the training split.
+- `data_dir` may be an s3:// folder (remote.py): the shards are prepared in a local cache folder by the same code,
+  checked and uploaded once for the whole cluster (global rank 0), and streamed by litdata from the bucket through
+  that cache on every node.
 - Resume mid-epoch is Lightning's: it saves the StreamingDataLoader state in the checkpoint.
 - Bits per byte needs bytes per token; it is measured on the validation split when the shards are written and kept
   in meta.json (exactly 1 minus the end-of-text share for the byte tokenizer).
@@ -56,12 +59,14 @@ import lightning as L
 import numpy as np
 from litdata import StreamingDataLoader, StreamingDataset, TokensLoader, optimize
 from litdata.processing.data_processor import DataProcessor
+from litdata.streaming.resolver import Dir
 from torch.utils.data import DataLoader
 
 from swax_lightning.corpus import EMBEDDED, document_refs, read_documents, split_of
 from swax_lightning.inference import read_prompts
 from swax_lightning.recall import RecallMix, training_document
-from swax_lightning.shards import check_checksums, check_sizes, checksums, split_blocks, split_tokens
+from swax_lightning.remote import RemoteFolder, default_cache_dir, remote_url
+from swax_lightning.shards import check_checksums, check_sizes, checksums, read_index, split_blocks, split_tokens
 from swax_lightning.tokenizer import load_tokenizer
 
 RECALL_PREFIX = "recall:"
@@ -145,7 +150,13 @@ class TextDataModule(L.LightningDataModule):
             or file of .txt/.md/.py/.jsonl text, or null to use shards already in data_dir.
         tokenizer: "byte" (257 ids, no file) or a path to a HF tokenizers tokenizer.json; must be the one the
             shards were made with.
-        data_dir: Where the shards go; empty = data/<source name>-<tokenizer>-<seq_len>.
+        data_dir: Where the shards go; empty = data/<source name>-<tokenizer>-<seq_len>. An s3://bucket/folder is
+            prepared locally once, uploaded, and streamed from the bucket (remote.py).
+        cache_dir: For an s3:// data_dir: the local folder that mirrors it (meta.json, indexes, the chunks read so
+            far); empty = data/cache/<bucket>/<folder>.
+        storage_options: For an s3:// data_dir: options of litdata's S3 client, e.g. {endpoint_url: ...} for an
+            S3-compatible store. Credentials belong in the usual AWS variables and files: the run's config.yaml
+            records this field (checkpoints do not).
         seq_len: Tokens per training sequence (each block holds seq_len + 1 tokens: inputs and shifted targets).
         batch_size: Sequences per micro-batch per device.
         val_fraction: Share of documents held out for validation (split by document).
@@ -161,11 +172,13 @@ class TextDataModule(L.LightningDataModule):
     """
 
     def __init__(self, source: str | None = EMBEDDED, tokenizer: str = "byte", data_dir: str | None = None,
-                 seq_len: int = 512, batch_size: int = 16, val_fraction: float = 0.02, test_fraction: float = 0.02,
-                 num_workers: int = 0, seed: int = 0, verify_checksums: bool = True, recall: RecallMix | None = None,
+                 cache_dir: str | None = None, storage_options: dict | None = None, seq_len: int = 512,
+                 batch_size: int = 16, val_fraction: float = 0.02, test_fraction: float = 0.02, num_workers: int = 0,
+                 seed: int = 0, verify_checksums: bool = True, recall: RecallMix | None = None,
                  prompts: list[str] | None = None, prompts_file: str | None = None):
         super().__init__()
-        self.save_hyperparameters()  # kept in checkpoints: inference finds the tokenizer there
+        # Kept in checkpoints (inference finds the tokenizer there); storage_options may hold credentials: not kept.
+        self.save_hyperparameters(ignore=["storage_options"])
         if seq_len < 1:
             raise ValueError(f"TextDataModule.seq_len must be >= 1 (got {seq_len})")
         if batch_size < 1:
@@ -184,7 +197,14 @@ class TextDataModule(L.LightningDataModule):
         self.num_workers, self.seed, self.verify_checksums = num_workers, seed, verify_checksums
         self.prompts, self.prompts_file = list(prompts or []), prompts_file
         self.recall = RecallMix(**recall) if isinstance(recall, dict) else recall
-        self.data_dir = Path(data_dir or f"data/{self._slug()}")
+        self.remote, self.storage_options = remote_url(data_dir), dict(storage_options or {})
+        if cache_dir is not None and self.remote is None:
+            raise ValueError(f"TextDataModule.cache_dir is for an s3:// data_dir (got data_dir {data_dir!r})")
+        if self.remote:
+            self.data_dir = Path(cache_dir) if cache_dir else default_cache_dir(self.remote)
+        else:
+            self.data_dir = Path(data_dir or f"data/{self._slug()}")
+        self.prepare_data_per_node = self.remote is None  # a bucket is prepared and uploaded once, not per node
         self.meta: dict = {}
         self.datasets: dict[str, StreamingDataset] = {}
         self._verified = False
@@ -209,6 +229,29 @@ class TextDataModule(L.LightningDataModule):
     # ---- writing -------------------------------------------------------------------------------------------
     def prepare_data(self) -> None:
         self._check_model_vocab()  # before any long work
+        if self.remote:
+            self._prepare_remote()
+        else:
+            self._prepare_local()
+
+    def _prepare_remote(self) -> None:
+        """Shards prepared in the cache folder, checked, and uploaded (meta.json last), unless the bucket has them."""
+        folder = self._folder()
+        if folder.exists("meta.json"):
+            return  # checked in setup(), as a local folder is
+        if not folder.is_empty():
+            raise FileExistsError(f"{self.remote} holds files but no meta.json (an interrupted upload, or not written "
+                                  f"by this data module): delete it (aws s3 rm --recursive {self.remote}/) to prepare "
+                                  f"the shards again, or set data.data_dir to another folder")
+        if self.source is None:
+            raise FileNotFoundError(f"no shards in {self.remote} (no meta.json): set data.source to build them")
+        self._prepare_local()  # reuses a cache folder that a previous, interrupted upload left complete
+        meta = read_meta(self.data_dir)
+        self._check_settings(meta)
+        self._check_local_shards(meta, content=True)
+        folder.upload(self.data_dir, sorted(meta["sha256"]))
+
+    def _prepare_local(self) -> None:
         if self.source is None or (self.data_dir / "meta.json").exists():
             return  # checked in setup(): reused if it matches, an error naming the mismatch otherwise
         if self.data_dir.exists() and any(self.data_dir.iterdir()):
@@ -304,26 +347,59 @@ class TextDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if not self._verified:
             self._check_model_vocab()
+            if self.remote:
+                self._fetch_descriptions()
             self.meta = read_meta(self.data_dir)
-            self._check_settings()
+            self._check_settings(self.meta)
             self._check_tokenizer()
-            for split in SPLITS:
-                check_sizes(self.data_dir / split)
-            if self.verify_checksums:
-                check_checksums(self.data_dir, self.meta["sha256"])
+            if self.remote:
+                self._folder().check_sizes({split: read_index(self.data_dir / split) for split in SPLITS})
+            else:
+                self._check_local_shards(self.meta, content=self.verify_checksums)
             self._verified = True
         if stage in (None, "fit"):
             self._check_one_batch()
         for split in SPLITS:
-            self.datasets[split] = StreamingDataset(
-                str(self.data_dir / split), item_loader=TokensLoader(block_size=self.seq_len + 1),
-                shuffle=(split == "train"), drop_last=(split == "train"), seed=self.seed)
+            self.datasets[split] = self.blocks(split, self.seq_len + 1, shuffle=(split == "train"))
 
-    def _check_settings(self) -> None:
-        wrong = {k: (self.meta.get(k), v) for k, v in self._expected_meta().items() if self.meta.get(k) != v}
+    def blocks(self, split: str, block_size: int, shuffle: bool = False) -> StreamingDataset:
+        """The split as blocks of `block_size` tokens, streamed from the local folder or from the bucket."""
+        where = Dir(path=str(self.data_dir / split), url=f"{self.remote}/{split}") if self.remote else \
+            str(self.data_dir / split)
+        return StreamingDataset(where, item_loader=TokensLoader(block_size=block_size), shuffle=shuffle,
+                                drop_last=shuffle, seed=self.seed, storage_options=self.storage_options)
+
+    def _folder(self) -> RemoteFolder:
+        return RemoteFolder(self.remote, self.storage_options)
+
+    def _fetch_descriptions(self) -> None:
+        """The bucket's meta.json and indexes, copied into the cache folder; cached chunks of other shards (the
+        bucket's folder prepared again since) are dropped, as chunk names repeat."""
+        folder = self._folder()
+        if not folder.exists("meta.json"):
+            raise FileNotFoundError(f"no shards in {self.remote} ({self.remote}/meta.json missing): set data.source "
+                                    f"to build them, or point data_dir at a folder written by this data module")
+        cached = self.data_dir / "meta.json"
+        before = read_meta(self.data_dir)["sha256"] if cached.exists() else None
+        folder.fetch("meta.json", cached)
+        if before is not None and before != read_meta(self.data_dir)["sha256"]:
+            for split in SPLITS:
+                shutil.rmtree(self.data_dir / split, ignore_errors=True)
+        for split in SPLITS:
+            folder.fetch(f"{split}/index.json", self.data_dir / split / "index.json")
+
+    def _check_local_shards(self, meta: dict, content: bool) -> None:
+        for split in SPLITS:
+            check_sizes(self.data_dir / split)
+        if content:
+            check_checksums(self.data_dir, meta["sha256"])
+
+    def _check_settings(self, meta: dict) -> None:
+        wrong = {k: (meta.get(k), v) for k, v in self._expected_meta().items() if meta.get(k) != v}
         if wrong:
-            raise ValueError(f"{self.data_dir / 'meta.json'} was written for other settings (field: (on disk, "
-                             f"configured)): {wrong}; use another data_dir or delete {self.data_dir}")
+            where = self.remote or self.data_dir
+            raise ValueError(f"{where}/meta.json was written for other settings (field: (on disk, configured)): "
+                             f"{wrong}; use another data_dir or delete {where}")
 
     def _check_tokenizer(self) -> None:
         made_with = self.meta.get("tokenizer_fingerprint")

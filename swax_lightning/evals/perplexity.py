@@ -10,12 +10,11 @@ Decision: bits per byte uses the bytes per token measured on the same held-out t
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from litdata import StreamingDataset, TokensLoader
+from litdata import StreamingDataset
 from tqdm import tqdm
 
 from swax_lightning.model import SWAXModel
@@ -29,12 +28,13 @@ def bucket_edges(length: int, first: int = 64) -> list[int]:
 
 
 @torch.no_grad()
-def position_losses(model: SWAXModel, val_dir: str | Path, length: int, samples: int, chunk_len: int = 2048,
+def position_losses(model: SWAXModel, dataset: StreamingDataset, length: int, samples: int, chunk_len: int = 2048,
                     bytes_per_token: float = 1.0) -> list[dict]:
-    """Mean loss (nats), perplexity and bits per byte per position bucket over `samples` sequences of `length`."""
-    dataset = StreamingDataset(str(val_dir), item_loader=TokensLoader(block_size=length + 1), shuffle=False)
+    """Mean loss (nats), perplexity and bits per byte per position bucket over `samples` sequences of `length`
+    (`dataset`: blocks of length + 1 tokens, e.g. TextDataModule.blocks("val", length + 1))."""
     if len(dataset) == 0:
-        raise ValueError(f"no sequence of {length + 1} tokens in {val_dir}: lower perplexity_len")
+        raise ValueError(f"no sequence of {length + 1} tokens in {dataset.input_dir.url or dataset.input_dir.path}: "
+                         f"lower perplexity_len")
     edges = bucket_edges(length)
     total, count = torch.zeros(len(edges) - 1, dtype=torch.float64), torch.zeros(len(edges) - 1)
     bucket_of = torch.bucketize(torch.arange(length), torch.tensor(edges[1:]), right=True)

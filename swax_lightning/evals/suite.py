@@ -150,9 +150,9 @@ class EvalSuite(Callback):
         if self.perplexity_len:
             from swax_lightning.evals.perplexity import position_losses
 
-            results["perplexity"] = position_losses(model, data.data_dir / "val", self.perplexity_len,
-                                                    self.perplexity_samples, self.chunk_len,
-                                                    data.meta.get("bytes_per_token", 1.0))
+            val = data.blocks("val", self.perplexity_len + 1)
+            results["perplexity"] = position_losses(model, val, self.perplexity_len, self.perplexity_samples,
+                                                    self.chunk_len, data.meta.get("bytes_per_token", 1.0))
         if self.recall_edges:
             from swax_lightning.evals.recall import recall_losses
 
