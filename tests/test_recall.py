@@ -113,3 +113,26 @@ def test_recall_documents_go_to_the_training_split_only(tmp_path):
             # Written in a shuffled document order: a short run, which reads a chunk or two, sees both kinds. In
             # source order the recall documents came after every text document.
             assert text.index("special magic number") < text.rindex("Plain document")
+
+
+def test_window_mqar_sequences_are_answerable_by_an_oracle_and_only_by_it():
+    """benchmarks/window_mqar.py: reading each row's pairs answers every masked position (oracle, accuracy 1); the
+    masked positions are the pairs' keys, each asked once, after the gap; a constant guess scores about 1/64."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("window_mqar", "benchmarks/window_mqar.py")
+    mqar = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mqar)
+    pairs, gap = 8, 37
+    x, mask = mqar.batch(seed=5, size=64, pairs=pairs, gap=(gap, gap))
+    assert x.shape == (64, 4 * pairs + gap) and mask.shape == (64, x.shape[1] - 1)
+    assert torch.equal(x, mqar.batch(seed=5, size=64, pairs=pairs, gap=(gap, gap))[0])  # a pure function of the seed
+    hits, blind = 0, 0
+    for row, m in zip(x.tolist(), mask):
+        table = dict(zip(row[0:2 * pairs:2], row[1:2 * pairs:2]))
+        asked = m.nonzero().flatten().tolist()
+        assert sorted(row[p] for p in asked) == sorted(table) and min(asked) == 2 * pairs + gap
+        hits += sum(table[row[p]] == row[p + 1] for p in asked)
+        blind += sum(row[p + 1] == mqar.VALUES[0] for p in asked)
+    assert hits == 64 * pairs
+    assert blind < 64 * pairs * 0.05
