@@ -315,6 +315,10 @@ INTERRUPTED_PREPARATION = """
 import os, signal, sys, time
 import swax_lightning.data as data
 
+# A process started from a terminal, where Ctrl-C exists: one launched in the background by a non-interactive shell
+# (nohup ... &) inherits SIGINT ignored, and then no Ctrl-C would reach it (each input would sleep its 60 s).
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 def interrupting(position, **settings):  # a worker: Ctrl-C reaches the preparing process while it is busy
     with open(sys.argv[2] + ".all", "a") as f:  # every worker that got here, for the test to check they are gone
         f.write(f"{os.getpid()}\\n")
