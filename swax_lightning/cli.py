@@ -279,8 +279,6 @@ def _config_args(value: str) -> list[str]:
     return _config_args(str(base)) + ["--config", f"{ORIGIN_MARK}{path}\n{yaml.safe_dump(cfg)}"]
 
 
-
-
 def with_source(message: str, argv: list[str]) -> str:
     """The message of a configuration error, followed by where the field it names was set: the config file
     (through `extends:` and section files) or the command line that set it last."""

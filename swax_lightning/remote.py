@@ -24,6 +24,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from swax_lightning.shards import check_listed_sizes
+
 REMOTE_SCHEMES = ("s3://",)
 OTHER_SCHEMES = ("gs://", "r2://", "azure://", "hf://", "local:")  # litdata's, not supported here (yet)
 
@@ -46,18 +48,18 @@ class RemoteFolder:
     """One s3:// folder of shards, read and written with litdata's S3 client."""
 
     def __init__(self, url: str, storage_options: dict | None = None):
-        from litdata.streaming.fs_provider import S3FsProvider
+        from litdata.streaming.client import S3Client
 
         self.url = url.rstrip("/")
         self.bucket, _, self.prefix = self.url.removeprefix("s3://").partition("/")
         if not self.bucket:
             raise ValueError(f"data.data_dir {url!r} names no bucket (expected s3://bucket/folder)")
         self.storage_options = dict(storage_options or {})
-        self._provider = S3FsProvider(storage_options=self.storage_options)
+        self._client = S3Client(storage_options=self.storage_options)
 
     @property
     def _s3(self):
-        return self._provider.client.client  # boto3's S3 client, configured from storage_options
+        return self._client.client  # boto3's S3 client, configured from storage_options (credentials refreshed)
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name
@@ -103,11 +105,6 @@ class RemoteFolder:
         """Every chunk each split's index lists ({split: index}) exists with the size the index records."""
         sizes = self.sizes()
         for split, index in indexes.items():
-            for chunk in index["chunks"]:
-                self._check_size(f"{split}/{chunk['filename']}", chunk["chunk_bytes"], sizes)
-
-    def _check_size(self, name: str, expected: int, sizes: dict[str, int]) -> None:
-        if name not in sizes:
-            raise FileNotFoundError(f"shard missing: {self.url}/{name} (listed in its split's index.json)")
-        if sizes[name] != expected:
-            raise ValueError(f"shard corrupt: {self.url}/{name} has {sizes[name]} bytes, the index records {expected}")
+            prefix = f"{split}/"
+            found = {name.removeprefix(prefix): size for name, size in sizes.items() if name.startswith(prefix)}
+            check_listed_sizes(index, found, f"{self.url}/{split}")

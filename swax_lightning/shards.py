@@ -39,13 +39,19 @@ def split_blocks(split_dir: Path, block: int) -> int:
 
 def check_sizes(split_dir: Path) -> None:
     """Every chunk file listed in the index exists with the size the index records."""
-    for chunk in read_index(split_dir)["chunks"]:
-        path = split_dir / chunk["filename"]
-        if not path.exists():
-            raise FileNotFoundError(f"shard missing: {path} (listed in {split_dir / 'index.json'})")
-        if path.stat().st_size != chunk["chunk_bytes"]:
-            raise ValueError(f"shard corrupt: {path} has {path.stat().st_size} bytes, the index records "
-                             f"{chunk['chunk_bytes']}")
+    found = {path.name: path.stat().st_size for path in split_dir.iterdir() if path.is_file()}
+    check_listed_sizes(read_index(split_dir), found, str(split_dir))
+
+
+def check_listed_sizes(index: dict, found: dict[str, int], folder: str) -> None:
+    """The chunks a split's index lists against {file name: bytes} of what its folder (local or in a bucket) holds;
+    the first missing or wrong-sized one is named."""
+    for chunk in index["chunks"]:
+        name, expected = chunk["filename"], chunk["chunk_bytes"]
+        if name not in found:
+            raise FileNotFoundError(f"shard missing: {folder}/{name} (listed in {folder}/index.json)")
+        if found[name] != expected:
+            raise ValueError(f"shard corrupt: {folder}/{name} has {found[name]} bytes, the index records {expected}")
 
 
 def file_sha256(path: Path) -> str:
