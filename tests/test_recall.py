@@ -136,3 +136,37 @@ def test_window_mqar_sequences_are_answerable_by_an_oracle_and_only_by_it():
         blind += sum(row[p + 1] == mqar.VALUES[0] for p in asked)
     assert hits == 64 * pairs
     assert blind < 64 * pairs * 0.05
+
+
+def test_recall_emergence_scores_exactly_the_recalled_characters():
+    """benchmarks/recall_emergence.py --task: in each task's documents every scored range is a recall (the value the
+    same key was stated with earlier, or the rest of a list that appeared earlier), every question's answer is
+    scored, and in a batch the masked positions are exactly those whose next byte lies in a scored range."""
+    import argparse
+    import importlib.util
+    import re
+
+    spec = importlib.util.spec_from_file_location("recall_emergence", "benchmarks/recall_emergence.py")
+    emergence = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(emergence)
+    prose = emergence.prose()
+    for task in ("facts", "needle", "spans"):
+        doc, scored = emergence.document(task, 3, prose, pairs=4, chars=4096)
+        assert scored and all(b - a >= 7 for a, b in scored)
+        for a, b in scored:
+            if task == "spans":
+                assert doc[a:b] in doc[:a - 4], task
+            else:
+                key = re.search(r"for (\w+) is: $", doc[:a]).group(1)
+                stated = re.findall(rf"numbers for {key} is: (\d+)\.", doc[:a])
+                assert stated[-1] == doc[a:b], task
+        if task != "spans":
+            assert len(scored) == doc.count("The special magic number for")
+        args = argparse.Namespace(task=task, batch=6, seq=128, pairs=4)
+        x, mask = emergence.recall_batch(2, args, prose)
+        assert torch.equal(x, emergence.recall_batch(2, args, prose)[0])  # a pure function of the step
+        for i, row in enumerate(x.tolist()):
+            doc, scored = emergence.document(task, 2 * 6 + i, prose, 4, 256)
+            start = doc.index(bytes(row).decode())
+            wanted = [any(a <= start + j + 1 < b for a, b in scored) for j in range(128)]
+            assert mask[i].tolist() == wanted, task
