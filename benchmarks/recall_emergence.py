@@ -20,9 +20,12 @@ its RecallMix: facts and questions interleaved, so a far question needs its key 
 time in prose from the embedded corpus (pydoc's topics), its question `distance` characters later, then prose, so
 copying the digits after the last "is: " is enough; `spans`, key-value lists ("kavolu 4819273 ...", --pairs pairs)
 repeated after a prose gap (the copy task in the study's alphabet; the loss on the repeated list after its first 4
-characters). Distances follow the study's mixture (75% under 64 characters, the rest to 450). --eval_edges ends a
-run with the study's own measure: the answer loss of its held-out recalls (RULER's keys, generated prose between
-fact and question; `main.py test`'s recall_edges) per distance bucket.
+characters). Distances follow the study's mixture (by default 75% from 8 to 63 characters, the rest to 450).
+--eval_edges ends a run with the study's own measure: the answer loss of its held-out recalls (RULER's keys,
+generated prose between fact and question; `main.py test`'s recall_edges) per distance bucket. --min_distance and
+--near_limit set the facts' distance mixture (data.recall's fields): at the study's 8 and 64 most questions ask
+about the statement just before them, a shortcut by position; with --min_distance 100 --near_limit 200 the position
+says little (13% one statement back, 46% two, the rest further): the key must be matched.
 
 Decisions: the study's model shape (d_model 128, 4 blocks, 4 heads, 2 mLSTM heads, byte vocabulary), AdamW lr 1e-3
 with 30 warm-up steps, weight decay 0.1, clipping 1.0, batch 16; every arm sees the same sequences (one generator
@@ -50,7 +53,6 @@ from swax_lightning.recall import FACT, QUESTION, RecallMix, number, syllable_ke
 from swax_lightning.tokenizer import ByteTokenizer  # noqa: E402
 
 LETTERS = (97, 123)
-MIX = RecallMix(near_limit=64, max_distance=450)  # the study's (configs/study/_base.yaml)
 ANSWER = re.compile(r"The special magic number for \w+ is: (\d+)")
 
 
@@ -79,10 +81,10 @@ def prose() -> str:
     return " ".join(" ".join(text.split()) for _, text in sorted(topics.items())).encode("ascii", "ignore").decode()
 
 
-def episode(rng: random.Random, task: str, text: str, pairs: int) -> tuple[str, list[tuple[int, int]]]:
+def episode(rng: random.Random, task: str, text: str, pairs: int, mix: RecallMix) -> tuple[str, list[tuple[int, int]]]:
     """One needle (a fact, prose, its question and answer) or one spans episode (a list, prose, the list again), with
     the (start, end) character ranges whose characters are scored."""
-    gap = text[(at := rng.randrange(len(text) - 1000)):at + MIX.distance(rng)]
+    gap = text[(at := rng.randrange(len(text) - 1000)):at + mix.distance(rng)]
     tail = text[(at := rng.randrange(len(text) - 1000)):at + rng.randint(0, 60)]
     if task == "needle":
         key, value = syllable_key(rng), number(rng)
@@ -93,13 +95,14 @@ def episode(rng: random.Random, task: str, text: str, pairs: int) -> tuple[str, 
     return head + span + tail + "\n", [(len(head) + 4, len(head) + len(span) - 1)]
 
 
-def document(task: str, index: int, text: str, pairs: int, chars: int) -> tuple[str, list[tuple[int, int]]]:
+def document(task: str, index: int, text: str, pairs: int, chars: int,
+             mix: RecallMix) -> tuple[str, list[tuple[int, int]]]:
     if task == "facts":
-        doc = training_document(index, MIX)[0]
+        doc = training_document(index, mix)[0]
         return doc, [m.span(1) for m in ANSWER.finditer(doc)]
     rng, doc, scored = random.Random(f"{task}-{index}"), "", []
     while len(doc) < chars:
-        part, ranges = episode(rng, task, text, pairs)
+        part, ranges = episode(rng, task, text, pairs, mix)
         scored += [(len(doc) + a, len(doc) + b) for a, b in ranges]
         doc += part
     return doc, scored
@@ -107,9 +110,9 @@ def document(task: str, index: int, text: str, pairs: int, chars: int) -> tuple[
 
 def recall_batch(step: int, args: argparse.Namespace, text: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(blocks of --seq + 1 bytes from the task's documents, mask of the positions whose next byte is scored)."""
-    rows, masks = [], []
+    rows, masks, mix = [], [], RecallMix(min_distance=args.min_distance, near_limit=args.near_limit, max_distance=450)
     for i in range(args.batch):
-        doc, scored = document(args.task, step * args.batch + i, text, args.pairs, 2 * args.seq)
+        doc, scored = document(args.task, step * args.batch + i, text, args.pairs, 2 * args.seq, mix)
         start = random.Random(f"start-{step}-{i}").randrange(len(doc) - args.seq)
         rows.append(list(doc[start:start + args.seq + 1].encode("ascii")))
         mask = torch.zeros(args.seq, dtype=torch.bool)
@@ -171,6 +174,9 @@ def main() -> None:
     parser.add_argument("--task", choices=["copy", "facts", "needle", "spans"], default="copy")
     parser.add_argument("--seq", type=int, default=256, help="characters per block (tasks other than copy)")
     parser.add_argument("--pairs", type=int, default=4, help="key-value pairs per list (task spans)")
+    parser.add_argument("--min_distance", type=int, default=8, help="shortest recall distance (the study's: 8)")
+    parser.add_argument("--near_limit", type=int, default=64,
+                        help="75%% of distances are drawn below this, the rest up to 450 (the study's: 64)")
     parser.add_argument("--eval_edges", type=int, nargs="*", default=[],
                         help="after training, the study's answer loss (evals/recall.py) in these distance buckets")
     parser.add_argument("--mlstm_heads", type=int, default=2)

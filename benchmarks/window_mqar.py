@@ -3,13 +3,15 @@ remember, where a long window lets attention do the work and fail beyond it?
 
     python benchmarks/window_mqar.py                              # arms short (W 2), long (W 64), stochastic p 0.5
     python benchmarks/window_mqar.py --arms long --steps 500 --seed 1   # one arm, fewer steps, another seed
+    python benchmarks/window_mqar.py --arms short --key_tokens 3 --short_window 4   # keys of 3 tokens, W 4 holds one
 
 Every sequence: P key-value pairs (single tokens: keys from one range of ids, values from another), a gap of filler
 tokens (a third range), then the P keys again in a new order, each followed by its value. The loss and accuracy are
 on the values after the queries. A value's key is the token before it, so an SWA layer with W = 2 hands each value its
 key; whether the lookup at a query is done by attention (it sees the pair when it is inside the window) or by the
 mLSTM (its state holds every pair) is what the window decides. Training gaps are 0..16 tokens, so every pair is
-inside the long window (64) during training; the evaluation gaps go to 512, beyond it.
+inside the long window (64) during training; the evaluation gaps go to 512, beyond it. --key_tokens K spells the keys
+in K tokens of a small alphabet, so that only the whole key names a value; --short_window sets the short window.
 
 Arms (an S X model, one SWA block then one mLSTM block, d_model 128, 4 heads, 2 mLSTM heads): `short` trains and
 evaluates at W = 2, `long` at W = 64, `stochastic` trains at 2 with probability 0.5, else 64, the last 10% at 64
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -41,22 +44,35 @@ KEYS, VALUES, FILLER = (0, 64), (64, 128), (128, 192)
 EVAL_SEED = 1 << 20
 
 
-def batch(seed: int, size: int, pairs: int, gap: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sequences [size, 4 * pairs + max gap], mask of the positions whose next token is a queried value)."""
+def batch(seed: int, size: int, pairs: int, gap: tuple[int, int],
+          key_tokens: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sequences [size, 2 * (key_tokens + 1) * pairs + max gap], mask of the positions whose next token is a queried
+    value). Keys are distinct; a key of several tokens is spelled in an alphabet of the fewest key tokens that has
+    `pairs` words (2 letters for 8 three-token keys), so that its last tokens alone do not name it."""
     g = torch.Generator().manual_seed(seed)
-    keys = torch.stack([torch.randperm(KEYS[1] - KEYS[0], generator=g)[:pairs] for _ in range(size)]) + KEYS[0]
+    if key_tokens == 1:
+        keys = torch.stack([torch.randperm(KEYS[1] - KEYS[0], generator=g)[:pairs] for _ in range(size)])[..., None]
+    else:
+        letters = math.ceil(pairs ** (1 / key_tokens) - 1e-9)
+        words = torch.stack([torch.randperm(letters ** key_tokens, generator=g)[:pairs] for _ in range(size)])
+        spelled = torch.stack([words // letters ** i % letters for i in reversed(range(key_tokens))], -1)
+        alphabet = torch.stack([torch.randperm(KEYS[1] - KEYS[0], generator=g)[:letters] for _ in range(size)])
+        keys = torch.gather(alphabet, 1, spelled.flatten(1)).view(size, pairs, key_tokens)
+    keys = keys + KEYS[0]
     values = torch.randint(*VALUES, (size, pairs), generator=g)
     order = torch.stack([torch.randperm(pairs, generator=g) for _ in range(size)])
     gaps = torch.randint(gap[0], gap[1] + 1, (size,), generator=g)
     filler = torch.randint(*FILLER, (size, gap[1]), generator=g)
     rows, masks = [], []
     for i in range(size):
-        queries = torch.stack([keys[i, order[i]], values[i, order[i]]], 1).flatten()
+        queries = torch.cat([keys[i, order[i]], values[i, order[i], None]], 1).flatten()
         tail = filler[i, gaps[i]:]  # pads every row to the same length, after the queries
-        rows.append(torch.cat([torch.stack([keys[i], values[i]], 1).flatten(), filler[i, :gaps[i]], queries, tail]))
+        stated = torch.cat([keys[i], values[i, :, None]], 1).flatten()
+        rows.append(torch.cat([stated, filler[i, :gaps[i]], queries, tail]))
         mask = torch.zeros(len(rows[-1]) - 1, dtype=torch.bool)
-        start = 2 * pairs + gaps[i]
-        mask[start:start + 2 * pairs:2] = True  # at each query key: its value comes next
+        span = key_tokens + 1
+        start = span * pairs + gaps[i] + key_tokens - 1
+        mask[start:start + span * pairs:span] = True  # at each query key's last token: its value comes next
         masks.append(mask)
     return torch.stack(rows), torch.stack(masks)
 
@@ -69,10 +85,11 @@ def recall(model: SWAXModel, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch
 
 
 def run(name: str, args: argparse.Namespace) -> None:
-    windows = {"short": StochasticWindow([2], anneal_fraction=0.0),
+    short = args.short_window
+    windows = {"short": StochasticWindow([short], anneal_fraction=0.0),
                "long": StochasticWindow([64], anneal_fraction=0.0),
-               "stochastic": StochasticWindow([2, 64], [0.5, 0.5], anneal_fraction=0.1, seed=args.seed)}[name]
-    eval_window = 2 if name == "short" else 64
+               "stochastic": StochasticWindow([short, 64], [0.5, 0.5], anneal_fraction=0.1, seed=args.seed)}[name]
+    eval_window = short if name == "short" else 64
     torch.manual_seed(args.seed)
     model = SWAXModel(ModelConfig(vocab_size=257, d_model=128, n_layers=2, pattern="SX", n_heads=4, window=64,
                                   mlstm_heads=2, chunk_size=16, igate_bias_init=0.0, init_std=args.init_std))
@@ -81,7 +98,8 @@ def run(name: str, args: argparse.Namespace) -> None:
     start = time.time()
     for step in range(args.steps):
         model.set_window(windows.window_at(step, args.steps))
-        loss, acc = recall(model, *batch(args.seed * 1_000_003 + step, args.batch, args.pairs, (0, 16)))
+        loss, acc = recall(model, *batch(args.seed * 1_000_003 + step, args.batch, args.pairs, (0, 16),
+                                         args.key_tokens))
         for group in opt.param_groups:
             group["lr"] = args.lr * min(1.0, (step + 1) / 30)
         opt.zero_grad()
@@ -95,7 +113,7 @@ def run(name: str, args: argparse.Namespace) -> None:
     model.eval()
     with torch.no_grad():
         for gap in args.eval_gaps:
-            loss, acc = recall(model, *batch(EVAL_SEED + gap, 256, args.pairs, (gap, gap)))
+            loss, acc = recall(model, *batch(EVAL_SEED + gap, 256, args.pairs, (gap, gap), args.key_tokens))
             print(json.dumps({"arm": name, "seed": args.seed, "eval_window": eval_window, "gap": gap,
                               "eval_loss": round(loss.item(), 3), "eval_acc": round(acc.item(), 3)}), flush=True)
 
@@ -107,6 +125,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--pairs", type=int, default=8)
+    parser.add_argument("--key_tokens", type=int, default=1, help="tokens per key (the value follows the last)")
+    parser.add_argument("--short_window", type=int, default=2, help="the short arm's window (and the stochastic's)")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--init_std", type=float, default=0.088,

@@ -70,6 +70,29 @@ class Blind(torch.nn.Module):
         return torch.zeros(1, ids.shape[1], self.vocab)
 
 
+class Copier(torch.nn.Module):
+    """Predicts that each next token repeats the one `offset` tokens before it."""
+
+    def __init__(self, offset, vocab=257):
+        super().__init__()
+        self.offset, self.vocab, self.w = offset, vocab, torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, ids):
+        back = torch.cat([torch.zeros(1, self.offset - 1, dtype=ids.dtype), ids], 1)[:, :ids.shape[1]]
+        return 50.0 * torch.nn.functional.one_hot(back, self.vocab).float()
+
+
+def test_reach_is_the_offset_from_value_to_answer():
+    adjectives, nouns = load_words()
+    keys = [f"{a}-{n}" for a in adjectives for n in nouns]
+    sample = eval_sample(40, 0, prose_sentences(generated_essay(seed=1)), keys)
+    tok = load_tokenizer("byte")
+    loss, exact = answer_loss(Copier(sample.reach), tok, sample.prompt, sample.value)
+    assert loss < 1e-6 and exact  # a layer that sees exactly `reach` back answers
+    assert not answer_loss(Copier(sample.reach - 1), tok, sample.prompt, sample.value)[1]
+    assert sample.reach > sample.distance + 90  # the fact's tail and the question lie between
+
+
 def test_answer_loss_oracle_is_zero_and_blind_is_chance():
     tok = load_tokenizer("byte")
     prompt, answer = "the code of kavo is: ", "4819273"
@@ -88,6 +111,9 @@ def test_buckets_hold_their_distances_and_report_intervals():
     out = recall_losses(Blind(), load_tokenizer("byte"), edges, 3)
     assert [(b["from"], b["to"], b["n"]) for b in out["buckets"]] == [(1, 8, 3), (8, 128, 3), (128, 1024, 3)]
     assert all(b["exact"] == 0 and b["loss"] == pytest.approx(math.log(257)) for b in out["buckets"])
+    for b in out["buckets"]:
+        reaches = [r["reach"] for r in out["samples"] if r["from"] == b["from"]]
+        assert b["reach"] == [min(reaches), max(reaches)] and b["reach"][0] > b["from"] + 90
 
 
 def test_recall_documents_go_to_the_training_split_only(tmp_path):
@@ -117,25 +143,33 @@ def test_recall_documents_go_to_the_training_split_only(tmp_path):
 
 def test_window_mqar_sequences_are_answerable_by_an_oracle_and_only_by_it():
     """benchmarks/window_mqar.py: reading each row's pairs answers every masked position (oracle, accuracy 1); the
-    masked positions are the pairs' keys, each asked once, after the gap; a constant guess scores about 1/64."""
+    masked positions are the pairs' keys, each asked once, after the gap; a constant guess scores about 1/64. Keys of
+    three tokens: only the whole key names the value (every two-token suffix is shared by two keys)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("window_mqar", "benchmarks/window_mqar.py")
     mqar = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mqar)
     pairs, gap = 8, 37
-    x, mask = mqar.batch(seed=5, size=64, pairs=pairs, gap=(gap, gap))
-    assert x.shape == (64, 4 * pairs + gap) and mask.shape == (64, x.shape[1] - 1)
-    assert torch.equal(x, mqar.batch(seed=5, size=64, pairs=pairs, gap=(gap, gap))[0])  # a pure function of the seed
-    hits, blind = 0, 0
-    for row, m in zip(x.tolist(), mask):
-        table = dict(zip(row[0:2 * pairs:2], row[1:2 * pairs:2]))
-        asked = m.nonzero().flatten().tolist()
-        assert sorted(row[p] for p in asked) == sorted(table) and min(asked) == 2 * pairs + gap
-        hits += sum(table[row[p]] == row[p + 1] for p in asked)
-        blind += sum(row[p + 1] == mqar.VALUES[0] for p in asked)
-    assert hits == 64 * pairs
-    assert blind < 64 * pairs * 0.05
+    for k in (1, 3):
+        x, mask = mqar.batch(seed=5, size=64, pairs=pairs, gap=(gap, gap), key_tokens=k)
+        span = k + 1
+        assert x.shape == (64, 2 * span * pairs + gap) and mask.shape == (64, x.shape[1] - 1)
+        assert torch.equal(x, mqar.batch(seed=5, size=64, pairs=pairs, gap=(gap, gap), key_tokens=k)[0])
+        hits, blind = 0, 0
+        for row, m in zip(x.tolist(), mask):
+            table = {tuple(row[j:j + k]): row[j + k] for j in range(0, span * pairs, span)}
+            assert len(table) == pairs and all(mqar.KEYS[0] <= t < mqar.KEYS[1] for key in table for t in key)
+            if k > 1:
+                suffixes = [key[1:] for key in table]
+                assert all(suffixes.count(s) == 2 for s in suffixes)
+            asked = m.nonzero().flatten().tolist()
+            assert sorted(tuple(row[p - k + 1:p + 1]) for p in asked) == sorted(table)
+            assert min(asked) == span * pairs + gap + k - 1
+            hits += sum(table[tuple(row[p - k + 1:p + 1])] == row[p + 1] for p in asked)
+            blind += sum(row[p + 1] == mqar.VALUES[0] for p in asked)
+        assert hits == 64 * pairs
+        assert blind < 64 * pairs * 0.05
 
 
 def test_recall_emergence_scores_exactly_the_recalled_characters():
@@ -149,9 +183,9 @@ def test_recall_emergence_scores_exactly_the_recalled_characters():
     spec = importlib.util.spec_from_file_location("recall_emergence", "benchmarks/recall_emergence.py")
     emergence = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(emergence)
-    prose = emergence.prose()
+    prose, mix = emergence.prose(), RecallMix(near_limit=64, max_distance=450)
     for task in ("facts", "needle", "spans"):
-        doc, scored = emergence.document(task, 3, prose, pairs=4, chars=4096)
+        doc, scored = emergence.document(task, 3, prose, pairs=4, chars=4096, mix=mix)
         assert scored and all(b - a >= 7 for a, b in scored)
         for a, b in scored:
             if task == "spans":
@@ -162,11 +196,11 @@ def test_recall_emergence_scores_exactly_the_recalled_characters():
                 assert stated[-1] == doc[a:b], task
         if task != "spans":
             assert len(scored) == doc.count("The special magic number for")
-        args = argparse.Namespace(task=task, batch=6, seq=128, pairs=4)
+        args = argparse.Namespace(task=task, batch=6, seq=128, pairs=4, min_distance=8, near_limit=64)
         x, mask = emergence.recall_batch(2, args, prose)
         assert torch.equal(x, emergence.recall_batch(2, args, prose)[0])  # a pure function of the step
         for i, row in enumerate(x.tolist()):
-            doc, scored = emergence.document(task, 2 * 6 + i, prose, 4, 256)
+            doc, scored = emergence.document(task, 2 * 6 + i, prose, 4, 256, mix)
             start = doc.index(bytes(row).decode())
             wanted = [any(a <= start + j + 1 < b for a, b in scored) for j in range(128)]
             assert mask[i].tolist() == wanted, task

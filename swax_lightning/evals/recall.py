@@ -4,12 +4,17 @@ Each held-out sample (swax_lightning/recall.py) states a fact, then `distance` c
 for the fact's value; the model reads it teacher-forced and we take its cross-entropy on the answer's tokens (mean
 over the value's tokens, in nats) and whether every answer token is its top prediction. A model that remembers has a
 low loss at every distance; one that only sees W tokens back is at chance (ln 10 = 2.30 per digit with the byte
-tokenizer) once the distance passes its reach.
+tokenizer) once the value is more than W tokens behind its answer.
+
+That offset, a sample's `reach`, is not its distance: the fact's tail and the whole question lie between value and
+answer, so with RULER's wording reach = distance + 97 to 121 characters (the key's length counts twice). A window
+below about 100 characters never sees a value from its answer, whatever the bucket; each bucket reports its reach.
 
 Decisions:
 - Distances are drawn log-uniformly inside each bucket [edge_i, edge_i+1) of `edges`, so buckets can be set relative
-  to the windows and the training length (e.g. below the short window, between the windows, up to the training
-  length, beyond it), and every bucket gets the same number of samples.
+  to the windows and the training length (e.g. up to the training length, beyond it), and every bucket gets the
+  same number of samples. Buckets are by distance, the prose the memory must hold the fact across, and report
+  their reach [least, most], which says which windows can see the value.
 - The prompt and the answer are tokenized separately and concatenated, so the answer's tokens are exactly the
   value's own tokenization whatever the tokenizer.
 - Per bucket: mean loss with a 95% normal interval over samples, exact-recall share with a Wilson interval.
@@ -51,7 +56,8 @@ def answer_loss(model, tokenizer, prompt: str, answer: str) -> tuple[float, bool
 
 
 def recall_losses(model, tokenizer, edges: list[int], samples: int, seed: int = 0, progress=None) -> dict:
-    """{"buckets": [{from, to, loss, loss_ci95, exact, exact_ci95, n}], "samples": [...]} over the buckets."""
+    """{"buckets": [{from, to, reach, loss, loss_ci95, exact, exact_ci95, n}], "samples": [...]} over the buckets;
+    `reach` is the [least, most] characters from a bucket's fact values to their answers (RecallSample.reach)."""
     adjectives, nouns = load_words()
     keys = [f"{a}-{n}" for a in adjectives for n in nouns]
     filler = prose_sentences(generated_essay(seed=seed + 1))
@@ -60,8 +66,8 @@ def recall_losses(model, tokenizer, edges: list[int], samples: int, seed: int = 
     for i, (lo, hi, distance) in enumerate(progress(jobs) if progress else jobs):
         sample = eval_sample(distance, i, filler, keys, seed)
         loss, exact = answer_loss(model, tokenizer, sample.prompt, sample.value)
-        rows.append({"eval": "recall", "from": lo, "to": hi, "distance": distance, "index": i, "key": sample.key,
-                     "value": sample.value, "loss": loss, "exact": exact})
+        rows.append({"eval": "recall", "from": lo, "to": hi, "distance": distance, "reach": sample.reach, "index": i,
+                     "key": sample.key, "value": sample.value, "loss": loss, "exact": exact})
     return {"buckets": [_bucket(lo, hi, [r for r in rows if r["from"] == lo]) for lo, hi in zip(edges, edges[1:])],
             "samples": rows}
 
@@ -73,5 +79,6 @@ def _bucket(lo: int, hi: int, rows: list[dict]) -> dict:
     sd = math.sqrt(sum((x - mean) ** 2 for x in losses) / (n - 1)) if n > 1 else 0.0
     exact = 100.0 * sum(r["exact"] for r in rows) / n
     half = Z95 * sd / math.sqrt(n)
-    return {"from": lo, "to": hi, "loss": mean, "loss_ci95": [mean - half, mean + half],
-            "exact": exact, "exact_ci95": wilson_interval(exact, n), "n": n}
+    return {"from": lo, "to": hi, "reach": [min(r["reach"] for r in rows), max(r["reach"] for r in rows)],
+            "loss": mean, "loss_ci95": [mean - half, mean + half], "exact": exact,
+            "exact_ci95": wilson_interval(exact, n), "n": n}

@@ -119,6 +119,11 @@ def heatmap_figure(niah: dict):
     return fig
 
 
+def _reach(bucket: dict) -> str:
+    """A recall bucket's reach as "least-most" ("-" in results written before buckets recorded it)."""
+    return "-" if "reach" not in bucket else f"{bucket['reach'][0]}-{bucket['reach'][1]}"
+
+
 def markdown(results: dict) -> str:
     lines = [f"# Evaluation results\n\nSettings: `{json.dumps(results['settings'])}`\n",
              "Cells: mean score [95% Wilson interval] n=samples.\n"]
@@ -142,10 +147,12 @@ def markdown(results: dict) -> str:
         lines.append("")
     if "recall" in results:
         lines += ["## Answer-token loss by recall distance\n",
-                  "Distance: characters between the fact and its question; loss: mean cross-entropy of the answer's "
-                  "tokens (nats) [95% interval]; exact: all answer tokens top-1, % [95% Wilson interval].\n",
-                  "| distance | loss | exact | n |", "|---|---|---|---|"]
-        lines += [f"| {r['from']}-{r['to']} | {r['loss']:.3f} [{r['loss_ci95'][0]:.3f}, {r['loss_ci95'][1]:.3f}] | "
+                  "Distance: characters between the fact and its question; reach: characters from the fact's value "
+                  "to the answer (a layer must see that far back to copy it); loss: mean cross-entropy of the "
+                  "answer's tokens (nats) [95% interval]; exact: all answer tokens top-1, % [95% Wilson interval].\n",
+                  "| distance | reach | loss | exact | n |", "|---|---|---|---|---|"]
+        lines += [f"| {r['from']}-{r['to']} | {_reach(r)} | "
+                  f"{r['loss']:.3f} [{r['loss_ci95'][0]:.3f}, {r['loss_ci95'][1]:.3f}] | "
                   f"{r['exact']:.1f} [{r['exact_ci95'][0]:.0f}, {r['exact_ci95'][1]:.0f}] | {r['n']} |"
                   for r in results["recall"]["buckets"]]
         lines.append("")
