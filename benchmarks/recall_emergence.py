@@ -12,7 +12,8 @@ on the second S's letters 2..48 (chance: ln 26 = 3.26 nats), and `other_loss`, o
 This is the capability every recall measure of the window study needs (RULER NIAH, answer-token loss by distance):
 until a model copies here, with 40% of its tokens copyable at distances of 48..80, it cannot recall a fact in
 natural text either.
---mlstm_heads and --mlstm_qk_factor set the mLSTM's memory size (heads x key width).
+--mlstm_heads and --mlstm_qk_factor set the mLSTM's memory size (heads x key width), --d_model and --n_layers the
+model's. --eval_gaps ends a copy run with the loss at fixed gaps of held-out strings: how far the copying reaches.
 
 --task asks the same question of the window study's recall data (blocks of --seq characters, the loss on the answer
 digits of every question, chance ln 10 = 2.30): `facts`, the study's training documents (swax_lightning/recall.py,
@@ -64,6 +65,17 @@ def batch(step: int, size: int, length: int, max_gap: int) -> tuple[torch.Tensor
     shift = torch.randint(0, max_gap + 1, (size,), generator=g)
     rows = [torch.cat([s[i], gap[i, :shift[i]], s[i], gap[i, shift[i]:]]) for i in range(size)]
     return torch.stack(rows), length + shift
+
+
+def copy_loss_at_gap(model, gap: int, length: int, size: int = 64) -> float:
+    """Loss on letters 2..length of the second S when exactly `gap` random letters lie between the copies, on
+    held-out strings (seeded apart from the training steps' 0..--steps): how far the copying reaches."""
+    g = torch.Generator().manual_seed(1_000_000 + gap)
+    s = torch.randint(*LETTERS, (size, length), generator=g)
+    x = torch.cat([s, torch.randint(*LETTERS, (size, gap), generator=g), s], 1)
+    with torch.no_grad():
+        losses = F.cross_entropy(model(x[:, :-1]).float().transpose(1, 2), x[:, 1:], reduction="none")
+    return losses[:, length + gap:2 * length + gap - 1].mean().item()
 
 
 def copy_batch(step: int, args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor]:
@@ -126,9 +138,10 @@ def recall_batch(step: int, args: argparse.Namespace, text: str) -> tuple[torch.
 
 def train(pattern: str, window: int, args: argparse.Namespace) -> SWAXModel:
     torch.manual_seed(0)
-    model = SWAXModel(ModelConfig(vocab_size=257, d_model=128, n_layers=4, pattern=pattern, n_heads=4,
-                                  window=window, mlstm_heads=args.mlstm_heads, mlstm_qk_factor=args.mlstm_qk_factor,
-                                  chunk_size=64, igate_bias_init=args.igate_bias_init, init_std=args.init_std))
+    model = SWAXModel(ModelConfig(vocab_size=257, d_model=args.d_model, n_layers=args.n_layers, pattern=pattern,
+                                  n_heads=4, window=window, mlstm_heads=args.mlstm_heads,
+                                  mlstm_qk_factor=args.mlstm_qk_factor, chunk_size=64,
+                                  igate_bias_init=args.igate_bias_init, init_std=args.init_std))
     model.reset_parameters(seed=0)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     text = prose() if args.task != "copy" else ""
@@ -149,8 +162,11 @@ def train(pattern: str, window: int, args: argparse.Namespace) -> SWAXModel:
         losses.mean().backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+    model.eval()
+    if args.eval_gaps:
+        print(json.dumps({"arm": f"{pattern} W={window}", "copy_loss_at_gap": {
+            gap: round(copy_loss_at_gap(model, gap, args.length), 3) for gap in args.eval_gaps}}), flush=True)
     if args.eval_edges:
-        model.eval()
         buckets = recall_losses(model, ByteTokenizer(), args.eval_edges, samples=24)["buckets"]
         print(json.dumps({"arm": f"{pattern} W={window}", "study_answer_loss": {
             f"{b['from']}-{b['to']}": round(b["loss"], 3) for b in buckets}}), flush=True)
@@ -179,6 +195,10 @@ def main() -> None:
                         help="75%% of distances are drawn below this, the rest up to 450 (the study's: 64)")
     parser.add_argument("--eval_edges", type=int, nargs="*", default=[],
                         help="after training, the study's answer loss (evals/recall.py) in these distance buckets")
+    parser.add_argument("--eval_gaps", type=int, nargs="*", default=[],
+                        help="after training on the copy task, its loss with exactly these gaps (held-out strings)")
+    parser.add_argument("--d_model", type=int, default=128, help="model width (the study's: 128)")
+    parser.add_argument("--n_layers", type=int, default=4, help="blocks (the study's: 4, S X S X)")
     parser.add_argument("--mlstm_heads", type=int, default=2)
     parser.add_argument("--mlstm_qk_factor", type=float, default=ModelConfig.mlstm_qk_factor,
                         help="mLSTM q/k width as a fraction of d_model (128): the key size of its memory")

@@ -78,7 +78,7 @@ class Copier(torch.nn.Module):
         self.offset, self.vocab, self.w = offset, vocab, torch.nn.Parameter(torch.zeros(1))
 
     def forward(self, ids):
-        back = torch.cat([torch.zeros(1, self.offset - 1, dtype=ids.dtype), ids], 1)[:, :ids.shape[1]]
+        back = torch.cat([torch.zeros(ids.shape[0], self.offset - 1, dtype=ids.dtype), ids], 1)[:, :ids.shape[1]]
         return 50.0 * torch.nn.functional.one_hot(back, self.vocab).float()
 
 
@@ -172,17 +172,32 @@ def test_window_mqar_sequences_are_answerable_by_an_oracle_and_only_by_it():
         assert blind < 64 * pairs * 0.05
 
 
+def _recall_emergence():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("recall_emergence", "benchmarks/recall_emergence.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_copy_loss_at_gap_scores_the_repeated_letters():
+    """recall_emergence.py --eval_gaps: a layer that copies from exactly length + gap back scores 0 on the second
+    string's letters 2..length; one that looks a letter short is wrong on them."""
+    emergence = _recall_emergence()
+    for gap in (0, 8, 100):
+        assert emergence.copy_loss_at_gap(Copier(16 + gap), gap, 16) < 1e-6
+        assert emergence.copy_loss_at_gap(Copier(16 + gap - 1), gap, 16) > 10
+
+
 def test_recall_emergence_scores_exactly_the_recalled_characters():
     """benchmarks/recall_emergence.py --task: in each task's documents every scored range is a recall (the value the
     same key was stated with earlier, or the rest of a list that appeared earlier), every question's answer is
     scored, and in a batch the masked positions are exactly those whose next byte lies in a scored range."""
     import argparse
-    import importlib.util
     import re
 
-    spec = importlib.util.spec_from_file_location("recall_emergence", "benchmarks/recall_emergence.py")
-    emergence = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(emergence)
+    emergence = _recall_emergence()
     prose, mix = emergence.prose(), RecallMix(near_limit=64, max_distance=450)
     for task in ("facts", "needle", "spans"):
         doc, scored = emergence.document(task, 3, prose, pairs=4, chars=4096, mix=mix)
