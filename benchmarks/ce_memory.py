@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kernels.ce.chunked import softcap_cross_entropy_chunked  # noqa: E402
-from kernels.ce.naive import softcap_cross_entropy_reference  # noqa: E402
+from swax_lightning.kernels.ce.chunked import softcap_cross_entropy_chunked  # noqa: E402
+from swax_lightning.kernels.ce.naive import softcap_cross_entropy_reference  # noqa: E402
 
 LOSSES = {"plain": softcap_cross_entropy_reference, "chunked": softcap_cross_entropy_chunked}
 

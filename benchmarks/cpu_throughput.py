@@ -28,7 +28,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kernels import sliding_window_attention  # noqa: E402
+from swax_lightning.kernels import sliding_window_attention  # noqa: E402
+
 from swax_lightning.config import ModelConfig  # noqa: E402
 from swax_lightning.layers import SwiGLU, rope_rotate  # noqa: E402
 from swax_lightning.model import SWAXModel  # noqa: E402

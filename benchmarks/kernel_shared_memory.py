@@ -30,9 +30,9 @@ from triton.compiler import ASTSource  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import kernels.swa.triton as swa_module  # noqa: E402
-from kernels.mlstm.naive import MLSTMState  # noqa: E402
-from kernels.mlstm.triton import mlstm_chunkwise_triton  # noqa: E402
+import swax_lightning.kernels.swa.triton as swa_module  # noqa: E402
+from swax_lightning.kernels.mlstm.naive import MLSTMState  # noqa: E402
+from swax_lightning.kernels.mlstm.triton import mlstm_chunkwise_triton  # noqa: E402
 
 POINTER_TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int32: "*i32",
                  torch.int64: "*i64"}

@@ -21,12 +21,13 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from swax_lightning.kernels.mlstm.chunk import mlstm_chunkwise  # noqa: E402
+
 from benchmarks.common import measure  # noqa: E402
-from kernels.mlstm.chunk import mlstm_chunkwise  # noqa: E402
 
 
 def implementations(chunk: int):
-    from kernels.mlstm.triton import mlstm_chunkwise_triton
+    from swax_lightning.kernels.mlstm.triton import mlstm_chunkwise_triton
 
     return {"triton (ours)": lambda *a: mlstm_chunkwise_triton(*a, chunk_size=chunk)[0],
             "pytorch chunkwise": lambda *a: mlstm_chunkwise(*a, chunk_size=chunk)[0]}

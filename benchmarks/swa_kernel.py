@@ -22,9 +22,10 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from swax_lightning.kernels.swa.blocked import swa_blocked  # noqa: E402
+from swax_lightning.kernels.swa.naive import sliding_window_mask  # noqa: E402
+
 from benchmarks.common import measure  # noqa: E402
-from kernels.swa.blocked import swa_blocked  # noqa: E402
-from kernels.swa.naive import sliding_window_mask  # noqa: E402
 
 
 def visible_pairs(T: int, W: int, n_sink: int) -> int:
@@ -36,7 +37,7 @@ def visible_pairs(T: int, W: int, n_sink: int) -> int:
 
 def implementations(W: int, n_sink: int, T: int, device: str, max_dense: int):
     """name -> attention function of (q, k, v) in [B, T, H, D] layout, for those available here."""
-    from kernels.swa.triton import swa_triton
+    from swax_lightning.kernels.swa.triton import swa_triton
 
     impls = {"triton (ours)": lambda q, k, v: swa_triton(q, k, v, W, n_sink),
              "blocked pytorch": lambda q, k, v: swa_blocked(q, k, v, W, n_sink)}

@@ -24,20 +24,20 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-from kernels import backends
-from kernels.deltanet.chunk import gated_delta_chunkwise as _gated_delta_chunkwise_torch
-from kernels.deltanet.naive import gated_delta_recurrent, gated_delta_step
-from kernels.mlstm.chunk import mlstm_chunkwise as _mlstm_chunkwise_torch
-from kernels.mlstm.naive import MLSTMState, mlstm_parallel, mlstm_recurrent, mlstm_step
-from kernels.swa.blocked import swa_blocked
-from kernels.swa.naive import sliding_window_mask, swa_reference
+from swax_lightning.kernels import backends
+from swax_lightning.kernels.deltanet.chunk import gated_delta_chunkwise as _gated_delta_chunkwise_torch
+from swax_lightning.kernels.deltanet.naive import gated_delta_recurrent, gated_delta_step
+from swax_lightning.kernels.mlstm.chunk import mlstm_chunkwise as _mlstm_chunkwise_torch
+from swax_lightning.kernels.mlstm.naive import MLSTMState, mlstm_parallel, mlstm_recurrent, mlstm_step
+from swax_lightning.kernels.swa.blocked import swa_blocked
+from swax_lightning.kernels.swa.naive import sliding_window_mask, swa_reference
 
 _IMPLS = {  # backend name -> (module, function), imported on first use so CPU runs never import triton
-    "triton": ("kernels.swa.triton", "swa_triton"),
-    "flash": ("kernels.swa.flash", "swa_flash"),
-    "flex": ("kernels.swa.flex", "swa_flex"),
-    "mlstm_triton": ("kernels.mlstm.triton", "mlstm_chunkwise_triton"),
-    "deltanet_fla": ("kernels.deltanet.fla", "gated_delta_chunkwise_fla"),
+    "triton": ("swax_lightning.kernels.swa.triton", "swa_triton"),
+    "flash": ("swax_lightning.kernels.swa.flash", "swa_flash"),
+    "flex": ("swax_lightning.kernels.swa.flex", "swa_flex"),
+    "mlstm_triton": ("swax_lightning.kernels.mlstm.triton", "mlstm_chunkwise_triton"),
+    "deltanet_fla": ("swax_lightning.kernels.deltanet.fla", "gated_delta_chunkwise_fla"),
 }
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from kernels import backends
+from swax_lightning.kernels import backends
 
 LAYER_KINDS = {"S": "sliding-window attention", "X": "mLSTM", "A": "full causal attention", "D": "Gated DeltaNet"}
 

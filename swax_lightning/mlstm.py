@@ -23,15 +23,11 @@ from contextlib import nullcontext
 import torch
 import torch.nn as nn
 
-from kernels import MLSTMState, mlstm_chunkwise, mlstm_step
-from kernels.mlstm.naive import fp32
 from swax_lightning.cache import RecurrentCache
 from swax_lightning.config import ModelConfig
+from swax_lightning.kernels import MLSTMState, mlstm_chunkwise, mlstm_step
+from swax_lightning.kernels.util import fp32, soft_cap
 from swax_lightning.layers import MultiHeadLayerNorm, MultiHeadRMSNorm
-
-
-def soft_cap(x: torch.Tensor, cap: float) -> torch.Tensor:
-    return cap * torch.tanh(x / cap) if cap > 0 else x
 
 
 class MLSTMLayer(nn.Module):

@@ -22,10 +22,10 @@ import zlib
 import torch
 import torch.nn as nn
 
-from kernels.ce.chunked import softcap_cross_entropy_chunked
-from kernels.mlstm.naive import fp32
 from swax_lightning.config import ModelConfig
 from swax_lightning.deltanet import GatedDeltaNetLayer
+from swax_lightning.kernels.ce.chunked import softcap_cross_entropy_chunked
+from swax_lightning.kernels.util import fp32, soft_cap
 from swax_lightning.layers import MultiHeadLayerNorm, MultiHeadRMSNorm, ShortConv, SwiGLU
 from swax_lightning.mlstm import MLSTMLayer
 from swax_lightning.swa import Attention
@@ -159,9 +159,7 @@ class SWAXModel(nn.Module):
             h = self.norm(x)
             return softcap_cross_entropy_chunked(h.reshape(-1, h.shape[-1]), self.lm_head.weight,
                                                  targets.reshape(-1), self.cfg.logit_soft_cap)
-        logits = fp32(self.lm_head(self.norm(x)))
-        cap = self.cfg.logit_soft_cap
-        return cap * torch.tanh(logits / cap) if cap > 0 else logits
+        return soft_cap(fp32(self.lm_head(self.norm(x))), self.cfg.logit_soft_cap)
 
 
 def _generator(seed: int, name: str, device: torch.device) -> torch.Generator:

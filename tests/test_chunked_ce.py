@@ -3,9 +3,9 @@ training loss through it equal to cross-entropy on the model's logits."""
 import pytest
 import torch
 import torch.nn.functional as F
+from swax_lightning.kernels.ce.chunked import softcap_cross_entropy_chunked
+from swax_lightning.kernels.ce.naive import softcap_cross_entropy_reference
 
-from kernels.ce.chunked import softcap_cross_entropy_chunked
-from kernels.ce.naive import softcap_cross_entropy_reference
 from swax_lightning.config import ModelConfig
 from swax_lightning.model import SWAXModel
 

@@ -3,8 +3,8 @@ pass; the layer is finite at extreme gates; a full-attention model converted to 
 import pytest
 import torch
 import torch.nn.functional as F
+from swax_lightning.kernels import gated_delta_chunkwise, gated_delta_recurrent
 
-from kernels import gated_delta_chunkwise, gated_delta_recurrent
 from swax_lightning.config import ModelConfig
 from swax_lightning.model import SWAXModel
 

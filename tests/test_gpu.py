@@ -9,8 +9,7 @@ import os
 
 import pytest
 import torch
-
-from kernels import backends, mlstm_chunkwise, sliding_window_attention, swa_reference
+from swax_lightning.kernels import backends, mlstm_chunkwise, sliding_window_attention, swa_reference
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
@@ -122,7 +121,7 @@ def test_deltanet_fla_matches_torch(T, dtype):
     # carried initial state, T not a multiple of the chunk.
     if not backends.installed("fla"):
         pytest.skip("flash-linear-attention is not installed")
-    from kernels import gated_delta_chunkwise
+    from swax_lightning.kernels import gated_delta_chunkwise
 
     g = torch.Generator(device="cuda").manual_seed(0)
     make = lambda *s: torch.randn(*s, device="cuda", generator=g)
@@ -147,8 +146,8 @@ def test_deltanet_fla_matches_torch(T, dtype):
 
 
 def test_chunked_loss_on_cuda():
-    from kernels.ce.chunked import softcap_cross_entropy_chunked
-    from kernels.ce.naive import softcap_cross_entropy_reference
+    from swax_lightning.kernels.ce.chunked import softcap_cross_entropy_chunked
+    from swax_lightning.kernels.ce.naive import softcap_cross_entropy_reference
 
     g = torch.Generator(device="cuda").manual_seed(0)
     h = torch.randn(3000, 256, device="cuda", generator=g).bfloat16().requires_grad_()

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from swax_lightning.kernels import backends, mlstm_chunkwise, mlstm_parallel, sliding_window_attention, swa_reference
 
-from kernels import backends, mlstm_chunkwise, mlstm_parallel, sliding_window_attention, swa_reference
 from swax_lightning.config import ConfigError, ModelConfig
 
 

@@ -2,8 +2,8 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from swax_lightning.kernels import MLSTMState, mlstm_chunkwise, mlstm_parallel, mlstm_recurrent
 
-from kernels import MLSTMState, mlstm_chunkwise, mlstm_parallel, mlstm_recurrent
 from swax_lightning.config import ModelConfig
 from swax_lightning.mlstm import MLSTMLayer
 

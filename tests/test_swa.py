@@ -1,9 +1,8 @@
 """Sliding-window attention: the blocked O(T*W) path against the dense masked reference, forward and backward."""
 import pytest
 import torch
-
-from kernels import sliding_window_attention, sliding_window_mask, swa_blocked, swa_reference
-from kernels.swa.blocked import swa_band
+from swax_lightning.kernels import sliding_window_attention, sliding_window_mask, swa_blocked, swa_reference
+from swax_lightning.kernels.swa.blocked import swa_band
 
 CASES = [  # T, W, n_sink, Hq, Hkv, D
     (37, 1, 0, 2, 2, 8),      # W = 1: each query sees only itself

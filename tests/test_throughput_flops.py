@@ -5,9 +5,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 from lightning.pytorch.callbacks import ThroughputMonitor
+from swax_lightning.kernels import sliding_window_mask
 from torch.utils.flop_counter import FlopCounterMode
 
-from kernels import sliding_window_mask
 from swax_lightning.config import ModelConfig
 from swax_lightning.model import SWAXModel
 from swax_lightning.throughput import TokenThroughput, analytic_flops, h200_peak_flops, visible_pairs

@@ -2,8 +2,8 @@
 norm (mean subtracted, fp32, weight, no bias) makes them equal; the RMSNorm option, kept for comparison, does not."""
 import pytest
 import torch
+from swax_lightning.kernels import mlstm_parallel
 
-from kernels import mlstm_parallel
 from swax_lightning.config import ConfigError, ModelConfig
 from swax_lightning.layers import MultiHeadLayerNorm, MultiHeadRMSNorm
 from swax_lightning.mlstm import MLSTMLayer

@@ -19,15 +19,13 @@ Decisions:
 from __future__ import annotations
 
 import torch
-
-from kernels.mlstm.naive import fp32
+from swax_lightning.kernels.util import fp32, soft_cap
 
 ROWS = 1024
 
 
 def _capped(h_c: torch.Tensor, weight: torch.Tensor, cap: float) -> torch.Tensor:
-    z = fp32(h_c @ weight.T)
-    return cap * torch.tanh(z / cap) if cap > 0 else z
+    return soft_cap(fp32(h_c @ weight.T), cap)
 
 
 class _ChunkedSoftcapCE(torch.autograd.Function):

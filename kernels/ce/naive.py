@@ -8,14 +8,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-from kernels.mlstm.naive import fp32
+from swax_lightning.kernels.util import fp32, soft_cap
 
 
 def softcap_cross_entropy_reference(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                                     cap: float) -> torch.Tensor:
     """h [N, d] final hidden states, weight [V, d] the LM head, targets [N] -> mean loss (a scalar)."""
-    logits = fp32(h @ weight.T)
-    if cap > 0:
-        logits = cap * torch.tanh(logits / cap)
-    return F.cross_entropy(logits, targets)
+    return F.cross_entropy(soft_cap(fp32(h @ weight.T), cap), targets)

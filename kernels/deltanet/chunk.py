@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-from kernels.deltanet.naive import zero_state
-from kernels.mlstm.naive import fp32
+from swax_lightning.kernels.deltanet.naive import zero_state
+from swax_lightning.kernels.util import fp32
 
 
 def gated_delta_chunkwise(q, k, v, beta, g, initial_state: torch.Tensor | None = None, chunk_size: int = 64):

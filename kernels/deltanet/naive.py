@@ -10,8 +10,7 @@ Shapes: q, k [B, T, H, DK], v [B, T, H, DV], beta, g [B, T, H]; state [B, H, DK,
 from __future__ import annotations
 
 import torch
-
-from kernels.mlstm.naive import fp32
+from swax_lightning.kernels.util import fp32
 
 
 def zero_state(batch: int, heads: int, dk: int, dv: int, like: torch.Tensor) -> torch.Tensor:

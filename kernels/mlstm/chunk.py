@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-from kernels.mlstm.naive import EPS, MLSTMState, fp32
+from swax_lightning.kernels.mlstm.naive import EPS, MLSTMState
+from swax_lightning.kernels.util import fp32
 
 
 def mlstm_chunkwise(q, k, v, i_pre, f_pre, initial_state: MLSTMState | None = None, chunk_size: int = 64,

@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+from swax_lightning.kernels.util import fp32
 
 EPS = 1e-6
 
@@ -36,11 +37,6 @@ class MLSTMState(NamedTuple):
         opts = dict(dtype=fp32(like).dtype, device=like.device)
         return MLSTMState(torch.zeros(batch, heads, dqk, dv, **opts), torch.zeros(batch, heads, dqk, **opts),
                           torch.zeros(batch, heads, **opts))
-
-
-def fp32(x: torch.Tensor) -> torch.Tensor:
-    """At least fp32: half types are upcast, fp64 (used by tests for tight comparisons) is kept."""
-    return x if x.dtype == torch.float64 else x.float()
 
 
 def _heads_first(x: torch.Tensor) -> torch.Tensor:

@@ -38,9 +38,8 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-
-from kernels.backends import triton_dot_precision
-from kernels.mlstm.naive import EPS, MLSTMState
+from swax_lightning.kernels.backends import triton_dot_precision
+from swax_lightning.kernels.mlstm.naive import EPS, MLSTMState
 
 TILE = 64
 # Arguments that change from call to call (sequence length, heads, chunk count): Triton would compile a kernel for

@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-from kernels.swa.naive import sliding_window_mask
+from swax_lightning.kernels.swa.naive import sliding_window_mask
 
 MIN_BLOCK = 64
 DENSE_BELOW = 512  # shorter sequences take one dense-mask call: fixed costs outweigh the work saved (measured,

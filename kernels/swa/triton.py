@@ -27,8 +27,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-from kernels.backends import TRITON_FP32_MAX_HEAD_DIM, triton_dot_precision
+from swax_lightning.kernels.backends import TRITON_FP32_MAX_HEAD_DIM, triton_dot_precision
 
 # Arguments that change from call to call (sequence length, head counts, window, sinks): Triton would compile a kernel
 # for each of them equal to 1 or a multiple of 16 (fp32 kernels take up to half a minute to compile); one serves all.
