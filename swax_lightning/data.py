@@ -64,7 +64,7 @@ from torch.utils.data import DataLoader
 
 from swax_lightning.corpus import EMBEDDED, document_refs, read_documents, split_of
 from swax_lightning.inference import read_prompts
-from swax_lightning.recall import RecallMix, training_document
+from swax_lightning.recall_documents import RecallMix, training_document
 from swax_lightning.remote import RemoteFolder, default_cache_dir, remote_url
 from swax_lightning.shards import check_checksums, check_sizes, checksums, read_index, split_blocks, split_tokens
 from swax_lightning.tokenizer import load_tokenizer
@@ -165,7 +165,7 @@ class TextDataModule(L.LightningDataModule):
         seed: Shuffle seed of the training stream.
         verify_checksums: Compare every shard's sha256 with the one recorded at preparation before using it (reads
             the shards once, ~1 GB/s; sizes are always checked).
-        recall: Synthetic long-range recall documents added to the training split (swax_lightning/recall.py:
+        recall: Synthetic long-range recall documents added to the training split (swax_lightning/recall_documents.py:
             RecallMix fields, `documents` of them); empty = none. Validation and test stay the source's text.
         prompts: Prompts for `main.py predict` (continued with the model's `generation` settings).
         prompts_file: A text file with one prompt per line, for `main.py predict`.

@@ -24,12 +24,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from swax_lightning.building_blocks import MultiHeadRMSNorm, ShortConv
 from swax_lightning.cache import RecurrentCache
 from swax_lightning.config import ModelConfig
 from swax_lightning.kernels import gated_delta_chunkwise, gated_delta_step
 from swax_lightning.kernels.deltanet.naive import zero_state
 from swax_lightning.kernels.util import fp32
-from swax_lightning.layers import MultiHeadRMSNorm, ShortConv
 
 
 class GatedDeltaNetLayer(nn.Module):

@@ -23,11 +23,11 @@ from contextlib import nullcontext
 import torch
 import torch.nn as nn
 
+from swax_lightning.building_blocks import MultiHeadLayerNorm, MultiHeadRMSNorm
 from swax_lightning.cache import RecurrentCache
 from swax_lightning.config import ModelConfig
 from swax_lightning.kernels import MLSTMState, mlstm_chunkwise, mlstm_step
 from swax_lightning.kernels.util import fp32, soft_cap
-from swax_lightning.layers import MultiHeadLayerNorm, MultiHeadRMSNorm
 
 
 class MLSTMLayer(nn.Module):

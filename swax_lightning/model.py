@@ -22,13 +22,13 @@ import zlib
 import torch
 import torch.nn as nn
 
+from swax_lightning.attention import Attention
+from swax_lightning.building_blocks import MultiHeadLayerNorm, MultiHeadRMSNorm, ShortConv, SwiGLU
 from swax_lightning.config import ModelConfig
 from swax_lightning.deltanet import GatedDeltaNetLayer
 from swax_lightning.kernels.ce.chunked import softcap_cross_entropy_chunked
 from swax_lightning.kernels.util import fp32, soft_cap
-from swax_lightning.layers import MultiHeadLayerNorm, MultiHeadRMSNorm, ShortConv, SwiGLU
 from swax_lightning.mlstm import MLSTMLayer
-from swax_lightning.swa import Attention
 
 
 def make_mixer(kind: str, cfg: ModelConfig) -> nn.Module:

@@ -105,7 +105,7 @@ def test_converted_full_attention_with_short_window_streams_in_bounded_memory():
 
 def test_short_convolution_is_the_causal_sum_it_claims():
     # y_t = silu(sum_j w[c, j] x_{t-K+1+j}), zeros before the sequence; a later input never changes an earlier output.
-    from swax_lightning.layers import ShortConv
+    from swax_lightning.building_blocks import ShortConv
     conv = ShortConv(channels=3, kernel=4).double()
     torch.nn.init.normal_(conv.weight, generator=torch.Generator().manual_seed(0))
     x = torch.randn(2, 9, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))

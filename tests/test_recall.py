@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from swax_lightning.evals.essay import generated_essay, prose_sentences
-from swax_lightning.evals.recall import answer_loss, bucket_distances, recall_losses
+from swax_lightning.evals.recall_loss import answer_loss, bucket_distances, recall_losses
 from swax_lightning.evals.ruler import load_words
-from swax_lightning.recall import RecallMix, eval_sample, training_document
+from swax_lightning.recall_documents import RecallMix, eval_sample, training_document
 from swax_lightning.tokenizer import load_tokenizer
 
 FACT = re.compile(r"One of the special magic numbers for (\w+) is: (\d+)\.")
@@ -141,21 +141,11 @@ def test_recall_documents_go_to_the_training_split_only(tmp_path):
             assert text.index("special magic number") < text.rindex("Plain document")
 
 
-def _benchmark(name: str):
-    """A script of benchmarks/ as a module (it is not a package)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, f"benchmarks/{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_window_mqar_sequences_are_answerable_by_an_oracle_and_only_by_it():
-    """benchmarks/window_mqar.py: reading each row's pairs answers every masked position (oracle, accuracy 1); the
+    """experiments/window_mqar.py: reading each row's pairs answers every masked position (oracle, accuracy 1); the
     masked positions are the pairs' keys, each asked once, after the gap; a constant guess scores about 1/64. Keys of
     three tokens: only the whole key names the value (every two-token suffix is shared by two keys)."""
-    mqar = _benchmark("window_mqar")
+    from experiments import window_mqar as mqar
     pairs, gap = 8, 37
     for k in (1, 3):
         x, mask = mqar.batch(seed=5, size=64, pairs=pairs, gap=(gap, gap), key_tokens=k)
@@ -181,20 +171,20 @@ def test_window_mqar_sequences_are_answerable_by_an_oracle_and_only_by_it():
 def test_copy_loss_at_gap_scores_the_repeated_letters():
     """recall_emergence.py --eval_gaps: a layer that copies from exactly length + gap back scores 0 on the second
     string's letters 2..length; one that looks a letter short is wrong on them."""
-    emergence = _benchmark("recall_emergence")
+    from experiments import recall_emergence as emergence
     for gap in (0, 8, 100):
         assert emergence.copy_loss_at_gap(Copier(16 + gap), gap, 16) < 1e-6
         assert emergence.copy_loss_at_gap(Copier(16 + gap - 1), gap, 16) > 10
 
 
 def test_recall_emergence_scores_exactly_the_recalled_characters():
-    """benchmarks/recall_emergence.py --task: in each task's documents every scored range is a recall (the value the
+    """experiments/recall_emergence.py --task: in each task's documents every scored range is a recall (the value the
     same key was stated with earlier, or the rest of a list that appeared earlier), every question's answer is
     scored, and in a batch the masked positions are exactly those whose next byte lies in a scored range."""
     import argparse
     import re
 
-    emergence = _benchmark("recall_emergence")
+    from experiments import recall_emergence as emergence
     prose, mix = emergence.prose(), RecallMix(near_limit=64, max_distance=450)
     for task in ("facts", "needle", "spans"):
         doc, scored = emergence.document(task, 3, prose, pairs=4, chars=4096, mix=mix)

@@ -4,8 +4,8 @@ import pytest
 import torch
 from swax_lightning.kernels import mlstm_parallel
 
+from swax_lightning.building_blocks import MultiHeadLayerNorm, MultiHeadRMSNorm
 from swax_lightning.config import ConfigError, ModelConfig
-from swax_lightning.layers import MultiHeadLayerNorm, MultiHeadRMSNorm
 from swax_lightning.mlstm import MLSTMLayer
 
 CFG = dict(d_model=64, mlstm_heads=4, chunk_size=16, gate_soft_cap=15.0, norm_eps=1e-6)

@@ -106,7 +106,7 @@ class EvalSuite(Callback):
         self.perplexity_len, self.perplexity_samples = perplexity_len, perplexity_samples
         self.recall_edges, self.recall_samples = list(recall_edges or []), recall_samples
         if self.recall_edges:
-            from swax_lightning.evals.recall import bucket_distances
+            from swax_lightning.evals.recall_loss import bucket_distances
 
             bucket_distances(self.recall_edges, 1, seed)  # checks the edges now, not after the test loop
         self.lm_eval_include_path, self.lm_eval_limit = lm_eval_include_path, lm_eval_limit
@@ -154,7 +154,7 @@ class EvalSuite(Callback):
             results["perplexity"] = position_losses(model, val, self.perplexity_len, self.perplexity_samples,
                                                     self.chunk_len, data.meta.get("bytes_per_token", 1.0))
         if self.recall_edges:
-            from swax_lightning.evals.recall import recall_losses
+            from swax_lightning.evals.recall_loss import recall_losses
 
             recall = recall_losses(model, data.tokenizer, self.recall_edges, self.recall_samples, self.seed,
                                    progress=lambda jobs: tqdm(jobs, desc="recall by distance"))

@@ -1,10 +1,10 @@
 """Answer-token loss by recall distance: memory measured without exact generation.
 
-Each held-out sample (swax_lightning/recall.py) states a fact, then `distance` characters of unseen prose, then asks
-for the fact's value; the model reads it teacher-forced and we take its cross-entropy on the answer's tokens (mean
-over the value's tokens, in nats) and whether every answer token is its top prediction. A model that remembers has a
-low loss at every distance; one that only sees W tokens back is at chance (ln 10 = 2.30 per digit with the byte
-tokenizer) once the value is more than W tokens behind its answer.
+Each held-out sample (swax_lightning/recall_documents.py) states a fact, then `distance` characters of unseen prose,
+then asks for the fact's value; the model reads it teacher-forced and we take its cross-entropy on the answer's
+tokens (mean over the value's tokens, in nats) and whether every answer token is its top prediction. A model that
+remembers has a low loss at every distance; one that only sees W tokens back is at chance (ln 10 = 2.30 per digit
+with the byte tokenizer) once the value is more than W tokens behind its answer.
 
 That offset, a sample's `reach`, is not its distance: the fact's tail and the whole question lie between value and
 answer, so with RULER's wording reach = distance + 97 to 121 characters (the key's length counts twice). A window
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from swax_lightning.evals.essay import generated_essay, prose_sentences
 from swax_lightning.evals.reports import Z95, wilson_interval
 from swax_lightning.evals.ruler import load_words
-from swax_lightning.recall import eval_sample
+from swax_lightning.recall_documents import eval_sample
 
 
 def bucket_distances(edges: list[int], samples: int, seed: int) -> list[tuple[int, int, int]]:

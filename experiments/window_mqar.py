@@ -1,9 +1,9 @@
 """The window effect on multi-query associative recall (MQAR): does training with a short window make the mLSTM
 remember, where a long window lets attention do the work and fail beyond it?
 
-    python benchmarks/window_mqar.py                              # arms short (W 2), long (W 64), stochastic p 0.5
-    python benchmarks/window_mqar.py --arms long --steps 500 --seed 1   # one arm, fewer steps, another seed
-    python benchmarks/window_mqar.py --arms short --key_tokens 3 --short_window 4   # keys of 3 tokens, W 4 holds one
+    python -m experiments.window_mqar                              # arms short (W 2), long (W 64), stochastic p 0.5
+    python -m experiments.window_mqar --arms long --steps 500 --seed 1   # one arm, fewer steps, another seed
+    python -m experiments.window_mqar --arms short --key_tokens 3 --short_window 4   # keys of 3 tokens, W 4 holds one
 
 Every sequence: P key-value pairs (single tokens: keys from one range of ids, values from another), a gap of filler
 tokens (a third range), then the P keys again in a new order, each followed by its value. The loss and accuracy are
@@ -28,17 +28,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from swax_lightning.config import ModelConfig  # noqa: E402
-from swax_lightning.model import SWAXModel  # noqa: E402
-from swax_lightning.window import StochasticWindow  # noqa: E402
+from swax_lightning.config import ModelConfig
+from swax_lightning.model import SWAXModel
+from swax_lightning.window import StochasticWindow
 
 KEYS, VALUES, FILLER = (0, 64), (64, 128), (128, 192)
 EVAL_SEED = 1 << 20

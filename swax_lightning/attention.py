@@ -18,10 +18,10 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from swax_lightning.building_blocks import rope_rotate
 from swax_lightning.cache import FullKVCache, WindowKVCache
 from swax_lightning.config import ModelConfig
 from swax_lightning.kernels import sliding_window_attention
-from swax_lightning.layers import rope_rotate
 
 
 class Attention(nn.Module):

@@ -19,7 +19,7 @@ With the byte tokenizer characters are tokens.
 Held-out samples (`eval_sample`) share nothing with training but the wording: keys are adjective-noun words (RULER's
 list) instead of made-up syllable words, values come from another seed, and the filler between fact and question is
 generated prose (evals/essay.py) that no training document contains. The model's loss on the answer's tokens, as a
-function of the distance, is the study's continuous measure of memory (evals/recall.py).
+function of the distance, is the study's continuous measure of memory (evals/recall_loss.py).
 
 Everything is a pure function of (seed, index): the same corpus on every machine.
 """

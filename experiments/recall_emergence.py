@@ -1,9 +1,9 @@
 """When does content-addressed copying emerge at toy scale? The classic induction task, per architecture.
 
-    python benchmarks/recall_emergence.py                        # arms A, SX W=64, SX W=4, X; 1000 steps each
-    python benchmarks/recall_emergence.py --arms SX:4 X:64 --igate_bias_init 0   # mLSTM input gates open at init
-    python benchmarks/recall_emergence.py --arms SX:4 --length 8 --lr 3e-3 --batch 32   # shorter strings
-    python benchmarks/recall_emergence.py --task facts --arms A:64 --init_std 0.088   # the study's documents
+    python -m experiments.recall_emergence                        # arms A, SX W=64, SX W=4, X; 1000 steps each
+    python -m experiments.recall_emergence --arms SX:4 X:64 --igate_bias_init 0   # mLSTM input gates open at init
+    python -m experiments.recall_emergence --arms SX:4 --length 8 --lr 3e-3 --batch 32   # shorter strings
+    python -m experiments.recall_emergence --task facts --arms A:64 --init_std 0.088   # the study's documents
 
 Every sequence is a random lowercase string S (--length, 48 letters), a random gap of 0..--gap (32) letters, S
 again, then the rest of the gap: the second S is predictable only by finding the first and copying it (after its
@@ -16,17 +16,18 @@ natural text either.
 model's. --eval_gaps ends a copy run with the loss at fixed gaps of held-out strings: how far the copying reaches.
 
 --task asks the same question of the window study's recall data (blocks of --seq characters, the loss on the answer
-digits of every question, chance ln 10 = 2.30): `facts`, the study's training documents (swax_lightning/recall.py,
-its RecallMix: facts and questions interleaved, so a far question needs its key matched); `needle`, one fact at a
-time in prose from the embedded corpus (pydoc's topics), its question `distance` characters later, then prose, so
-copying the digits after the last "is: " is enough; `spans`, key-value lists ("kavolu 4819273 ...", --pairs pairs)
-repeated after a prose gap (the copy task in the study's alphabet; the loss on the repeated list after its first 4
-characters). Distances follow the study's mixture (by default 75% from 8 to 63 characters, the rest to 450).
---eval_edges ends a run with the study's own measure: the answer loss of its held-out recalls (RULER's keys,
-generated prose between fact and question; `main.py test`'s recall_edges) per distance bucket. --min_distance and
---near_limit set the facts' distance mixture (data.recall's fields): at the study's 8 and 64 most questions ask
-about the statement just before them, a shortcut by position; with --min_distance 100 --near_limit 200 the position
-says little (13% one statement back, 46% two, the rest further): the key must be matched.
+digits of every question, chance ln 10 = 2.30): `facts`, the study's training documents
+(swax_lightning/recall_documents.py, its RecallMix: facts and questions interleaved, so a far question needs its key
+matched); `needle`, one fact at a time in prose from the embedded corpus (pydoc's topics), its question `distance`
+characters later, then prose, so copying the digits after the last "is: " is enough; `spans`, key-value lists
+("kavolu 4819273 ...", --pairs pairs) repeated after a prose gap (the copy task in the study's alphabet; the loss on
+the repeated list after its first 4 characters). Distances follow the study's mixture (by default 75% from 8 to 63
+characters, the rest to 450). --eval_edges ends a run with the study's own measure: the answer loss of its held-out
+recalls (RULER's keys, generated prose between fact and question; `main.py test`'s recall_edges) per distance
+bucket. --min_distance and --near_limit set the facts' distance mixture (data.recall's fields): at the study's 8 and
+64 most questions ask about the statement just before them, a shortcut by position; with --min_distance 100
+--near_limit 200 the position says little (13% one statement back, 46% two, the rest further): the key must be
+matched.
 
 Decisions: the study's model shape (d_model 128, 4 blocks, 4 heads, 2 mLSTM heads, byte vocabulary), AdamW lr 1e-3
 with 30 warm-up steps, weight decay 0.1, clipping 1.0, batch 16; every arm sees the same sequences (one generator
@@ -39,19 +40,16 @@ import argparse
 import json
 import random
 import re
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from swax_lightning.config import ModelConfig  # noqa: E402
-from swax_lightning.evals.recall import recall_losses  # noqa: E402
-from swax_lightning.model import SWAXModel  # noqa: E402
-from swax_lightning.recall import FACT, QUESTION, RecallMix, number, syllable_key, training_document  # noqa: E402
-from swax_lightning.tokenizer import ByteTokenizer  # noqa: E402
+from swax_lightning.config import ModelConfig
+from swax_lightning.evals.recall_loss import recall_losses
+from swax_lightning.model import SWAXModel
+from swax_lightning.recall_documents import FACT, QUESTION, RecallMix, number, syllable_key, training_document
+from swax_lightning.tokenizer import ByteTokenizer
 
 LETTERS = (97, 123)
 ANSWER = re.compile(r"The special magic number for \w+ is: (\d+)")
@@ -194,7 +192,7 @@ def main() -> None:
     parser.add_argument("--near_limit", type=int, default=64,
                         help="75%% of distances are drawn below this, the rest up to 450 (the study's: 64)")
     parser.add_argument("--eval_edges", type=int, nargs="*", default=[],
-                        help="after training, the study's answer loss (evals/recall.py) in these distance buckets")
+                        help="after training, the study's answer loss (evals/recall_loss.py) in these distance buckets")
     parser.add_argument("--eval_gaps", type=int, nargs="*", default=[],
                         help="after training on the copy task, its loss with exactly these gaps (held-out strings)")
     parser.add_argument("--d_model", type=int, default=128, help="model width (the study's: 128)")
