@@ -1,5 +1,5 @@
-"""Checkpoints users can trust: `last.ckpt` is always the newest good state, and a distributed checkpoint becomes one
-file that every 1-process tool loads.
+"""Checkpoints: saving (`last.ckpt` is always the newest good state), loading (the one loader every tool uses), and
+consolidation (a distributed checkpoint becomes one file that every 1-process tool loads).
 
 LatestCheckpoint (a callback, listed in the trainer configs) writes <checkpoint dir>/last.ckpt
 - every `every_n_train_steps` optimizer steps, after every validation during fit, and when training ends, so
@@ -10,7 +10,13 @@ LatestCheckpoint (a callback, listed in the trainer configs) writes <checkpoint 
   and the validation runs again;
 - never with non-finite weights (all ranks check their shards and agree; the old last.ckpt stays and a warning names
   the step);
-- atomically: written beside the old one (`.last.ckpt.tmp`) and renamed over it, for files and distributed folders.
+- atomically (atomic.py): written beside the old one and renamed over it, for files and distributed folders.
+
+Loading: `read_checkpoint` reads a single-file checkpoint or says in one line why it cannot (a distributed folder,
+with the consolidation command; a missing or unreadable file); `load_model` rebuilds the model with the architecture
+the checkpoint records and the tokenizer it was trained with, checked by content: the tokenizer file at the recorded
+path must still have the recorded fingerprint (a different tokenizer of the same size would score silently wrong).
+`generate`, `export`, the lm-eval adapter and the CLI's start-up checks all load through here.
 
 Consolidation (a command):
 
@@ -23,14 +29,16 @@ file: full weights, and the AdamW state keyed by parameter index as a 1-process 
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import warnings
 from pathlib import Path
 
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+from swax_lightning import atomic
+from swax_lightning.config import ConfigError
+from swax_lightning.tokenizer import load_tokenizer
 
 LAST = "last.ckpt"
 
@@ -70,14 +78,15 @@ class LatestCheckpoint(Callback):
             warnings.warn(f"step {step}: the weights are not finite; {LAST} keeps the previous state", stacklevel=2)
             return
         folder = Path(trainer.strategy.broadcast(str(self._folder(trainer))))
-        tmp, final = folder / f".{LAST}.tmp", folder / LAST
+        final = folder / LAST
+        tmp = atomic.temporary_sibling(final, tag="save")  # one name for every rank's shard
         if trainer.is_global_zero:
             folder.mkdir(parents=True, exist_ok=True)
-            _remove(tmp)
+            atomic.remove(tmp)
         trainer.strategy.barrier("LatestCheckpoint.clean")
         trainer.save_checkpoint(tmp)  # every rank writes its shard; ends with a barrier
         if trainer.is_global_zero:
-            _replace(tmp, final)
+            atomic.replace(tmp, final)
         trainer.strategy.barrier("LatestCheckpoint.replace")
 
     def _folder(self, trainer) -> Path:
@@ -115,31 +124,64 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor  # a DTensor shard: this rank's part
 
 
-def _remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path)
-    elif path.exists():
-        path.unlink()
-
-
-def _replace(new: Path, final: Path) -> None:
-    """Put `new` at `final`; a file is renamed over atomically, a folder via a short-lived `.old` sibling."""
-    if new.is_file() and not final.is_dir():
-        os.replace(new, final)
-        return
-    old = final.with_name(f".{final.name}.old")
-    _remove(old)
-    if final.exists():
-        os.replace(final, old)
-    os.replace(new, final)
-    _remove(old)
-
-
-# ---- consolidation ------------------------------------------------------------------------------------------------
+# ---- loading ------------------------------------------------------------------------------------------------------
 def is_distributed_checkpoint(path: str | Path) -> bool:
     path = Path(path)
     return path.is_dir() and (path / "meta.pt").is_file()
 
+
+def read_checkpoint(path: str | Path, map_location: str = "cpu") -> dict:
+    """A single-file checkpoint (memory-mapped: no copy of the weights until used), or one clear error."""
+    path = Path(path)
+    if is_distributed_checkpoint(path):
+        raise ConfigError(f"{path} is a distributed checkpoint (one shard per rank): make one file of it first with "
+                          f"python -m swax_lightning.checkpoints {path}")
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=False, mmap=True)
+    except Exception as err:  # noqa: BLE001 - truncated, or not a torch file: reported as such
+        raise ConfigError(f"cannot read checkpoint {path}: {err}") from err
+
+
+def checkpoint_tokenizer(checkpoint: dict, source: str | Path):
+    """The tokenizer a checkpoint was trained with (its data section), refused if the file at the recorded path no
+    longer has the recorded content fingerprint."""
+    data = checkpoint.get("datamodule_hyper_parameters", {})
+    spec, recorded = data.get("tokenizer", "byte"), data.get("tokenizer_fingerprint")
+    tokenizer = load_tokenizer(spec)
+    if recorded is not None and recorded != tokenizer.fingerprint:
+        raise ConfigError(f"{source} was trained with the tokenizer {spec} of fingerprint {recorded}, but that file "
+                          f"now holds another tokenizer ({tokenizer.fingerprint}): restore the original file")
+    return tokenizer
+
+
+def check_tokenizer(checkpoint: dict, configured: str, source: str) -> None:
+    """A run given a checkpoint must tokenize as the checkpoint was trained: the configured tokenizer's content
+    fingerprint must be the one the checkpoint records (checkpoints written before fingerprints were recorded pass)."""
+    recorded = checkpoint.get("datamodule_hyper_parameters", {}).get("tokenizer_fingerprint")
+    fingerprint = load_tokenizer(configured).fingerprint
+    if recorded is not None and recorded != fingerprint:
+        raise ConfigError(f"data.tokenizer {configured} ({fingerprint}) is not the tokenizer {source} was trained "
+                          f"with ({recorded}): set data.tokenizer to that file")
+
+
+def model_from_checkpoint(checkpoint: dict, source: str | Path):
+    """(model in eval mode, tokenizer) from a checkpoint dict, with the architecture it records."""
+    from swax_lightning.module import LanguageModule  # the module builds models; it does not load files
+
+    module = LanguageModule(**checkpoint.get("hyper_parameters", {}))
+    module.on_load_checkpoint(checkpoint)
+    module.load_state_dict(checkpoint["state_dict"])
+    return module.model.eval(), checkpoint_tokenizer(checkpoint, source)
+
+
+def load_model(ckpt_path: str | Path, device: str = "cpu"):
+    """(model in eval mode, tokenizer) from a checkpoint file written by main.py fit (or swax-import)."""
+    return model_from_checkpoint(read_checkpoint(ckpt_path, device), ckpt_path)
+
+
+# ---- consolidation ------------------------------------------------------------------------------------------------
 
 def refuse_unloadable_checkpoint(ckpt_path, strategy) -> None:
     """A distributed checkpoint loads only under a sharding strategy (any number of processes): say so, with the
@@ -171,9 +213,8 @@ def consolidate(folder: str | Path, out: str | Path) -> Path:
     checkpoint["state_dict"] = shards.pop("state_dict")
     optimizers = sorted((k for k in shards if k.startswith("optimizer_")), key=lambda k: int(k.split("_")[1]))
     checkpoint["optimizer_states"] = [_keyed_by_index(shards[k]) for k in optimizers]
-    tmp = out.with_name(f".{out.name}.tmp")
-    torch.save(checkpoint, tmp)
-    os.replace(tmp, out)
+    with atomic.written_atomically(out) as tmp:
+        torch.save(checkpoint, tmp)
     return out
 
 

@@ -35,29 +35,23 @@ every swax-lightning run shares.
 """
 from __future__ import annotations
 
-import os
 import re
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
-import torch
 import yaml
-from jsonargparse import ArgumentError
-from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
-from swax_lightning.checkpoints import refuse_unloadable_checkpoint, run_folder
-from swax_lightning.config import ConfigError, ModelConfig, read_config_file
+from swax_lightning.checkpoints import check_tokenizer, read_checkpoint, refuse_unloadable_checkpoint, run_folder
+from swax_lightning.config import USAGE_ERRORS, ConfigError, ModelConfig, read_config_file, usage_errors_reported
 from swax_lightning.data import TextDataModule
 from swax_lightning.evals.suite import EvalSuite
 from swax_lightning.module import LanguageModule, check_architecture
 from swax_lightning.strategy import refuse_replica_mesh  # also registers --trainer.strategy fsdp2 and hsdp
 from swax_lightning.window import StochasticWindow
 
-USAGE_ERRORS = (ConfigError, ArgumentError, MisconfigurationException)
 # Logger class: (init arg set to the experiment, init args set to the arm). Each puts its checkpoints (and, but for
 # W&B, its logs) in <save_dir>/<experiment>/<arm>/.
 RUN_NAMING = {"TensorBoardLogger": ("name", ("version",)), "CSVLogger": ("name", ("version",)),
@@ -73,19 +67,6 @@ SECTION_OF = {"ModelConfig": "model.arch", "OptimConfig": "model.optim", "Genera
 KEY_IN_MESSAGE = re.compile(r'Parser key "([\w.]+)"|option \'([\w.]+)\'|\b(' + "|".join(SECTION_OF) + r')\.(\w+)')
 PRINT_CONFIG_FLAGS = {"skip_default": "skip_default", "skip_unset": "skip_unset", "skip_null": "skip_unset",
                       "comments": "with_comments"}  # jsonargparse's flags: the dump() argument each one sets
-
-
-@contextmanager
-def usage_errors_reported(*also: type[Exception]):
-    """Turns a configuration error (USAGE_ERRORS, plus `also`) into one line `error: ...` on stderr and exit code 2;
-    every other exception keeps its traceback."""
-    try:
-        yield
-    except (*USAGE_ERRORS, *also) as err:
-        if os.environ.get("SWAX_DEBUG"):
-            raise
-        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
-        raise SystemExit(2) from None
 
 
 class SwaxCLI(LightningCLI):
@@ -233,13 +214,11 @@ def check_checkpoint(cfg, subcommand: str) -> None:
         return
     path = Path(ckpt)
     if path.is_file():
-        try:
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except Exception as err:  # truncated, or not a torch file
-            raise ConfigError(f"cannot read checkpoint {path}: {err}") from err
+        checkpoint = read_checkpoint(path)
         saved = checkpoint.get("hyper_parameters", {}).get("arch")
         if saved is not None:
             check_architecture(saved, ModelConfig(**without_paths(cfg.model.arch.as_dict())), source=str(path))
+        check_tokenizer(checkpoint, cfg.data.tokenizer, source=str(path))
     elif not path.exists() and ckpt not in CKPT_KEYWORDS and not ckpt.startswith("registry"):
         raise ConfigError(f"--ckpt_path: no such checkpoint file or folder: {ckpt}")
 

@@ -15,10 +15,15 @@ Decisions:
 """
 from __future__ import annotations
 
+import os
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from jsonargparse import ArgumentError
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from swax_lightning.kernels import backends
 
@@ -27,6 +32,24 @@ LAYER_KINDS = {"S": "sliding-window attention", "X": "mLSTM", "A": "full causal 
 
 class ConfigError(ValueError):
     """A configuration value outside its allowed range; the message names the field."""
+
+
+# What a command reports as one line instead of a traceback: configuration errors, values the parser rejects,
+# Lightning's misconfiguration errors.
+USAGE_ERRORS = (ConfigError, ArgumentError, MisconfigurationException)
+
+
+@contextmanager
+def usage_errors_reported(*also: type[Exception]):
+    """Turns a configuration error (USAGE_ERRORS, plus `also`) into one line `error: ...` on stderr and exit code 2;
+    every other exception keeps its traceback."""
+    try:
+        yield
+    except (*USAGE_ERRORS, *also) as err:
+        if os.environ.get("SWAX_DEBUG"):
+            raise
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def round_up(x: float, multiple: int) -> int:

@@ -62,6 +62,7 @@ from litdata.processing.data_processor import DataProcessor
 from litdata.streaming.resolver import Dir
 from torch.utils.data import DataLoader
 
+from swax_lightning import atomic
 from swax_lightning.corpus import EMBEDDED, document_refs, read_documents, split_of
 from swax_lightning.inference import read_prompts
 from swax_lightning.recall_documents import RecallMix, training_document
@@ -205,6 +206,8 @@ class TextDataModule(L.LightningDataModule):
         else:
             self.data_dir = Path(data_dir or f"data/{self._slug()}")
         self.prepare_data_per_node = self.remote is None  # a bucket is prepared and uploaded once, not per node
+        # Checkpoints record the tokenizer by content too: test, generate and export refuse another file at that path.
+        self.hparams["tokenizer_fingerprint"] = self.tokenizer.fingerprint
         self.meta: dict = {}
         self.datasets: dict[str, StreamingDataset] = {}
         self._verified = False
@@ -265,7 +268,7 @@ class TextDataModule(L.LightningDataModule):
         block = self.seq_len + 1
         chunk = max(1, CHUNK_TOKENS // block) * block
         _remove_stale_temporaries(self.data_dir)
-        tmp = self.data_dir.with_name(f".{self.data_dir.name}.tmp-{os.getpid()}")
+        tmp = atomic.temporary_sibling(self.data_dir)
         shutil.rmtree(tmp, ignore_errors=True)
         workers_before = set(multiprocessing.active_children())
         try:
@@ -284,8 +287,7 @@ class TextDataModule(L.LightningDataModule):
             meta = (self._expected_meta() | self._measure(counts, len(refs), tmp)
                     | {"tokenizer_fingerprint": self.tokenizer.fingerprint, "sha256": checksums(tmp, SPLITS)})
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
-            tmp.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(tmp, self.data_dir)
+            atomic.replace(tmp, self.data_dir)
         except BaseException:  # KeyboardInterrupt included: no worker may outlive the preparation
             _stop(set(multiprocessing.active_children()) - workers_before)
             raise

@@ -24,17 +24,17 @@ Decisions:
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import asdict
 from pathlib import Path
 
-import torch
 from jsonargparse import CLI
 
 from swax_lightning import hf_model
+from swax_lightning.atomic import written_atomically
+from swax_lightning.checkpoints import model_from_checkpoint, read_checkpoint
+from swax_lightning.config import usage_errors_reported
 from swax_lightning.evals.reports import markdown
-from swax_lightning.generate import load_model
 from swax_lightning.model import SWAXModel
 from swax_lightning.tokenizer import ByteTokenizer
 
@@ -47,17 +47,12 @@ def export(ckpt_path: str | Path, out: str | Path, overwrite: bool = False) -> P
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise FileExistsError(f"export folder {out} already exists and is not empty: choose another --out or pass "
                               f"--overwrite true")
-    model, tokenizer = load_model(ckpt_path)
-    checkpoint = torch.load(ckpt_path, map_location="cpu", mmap=True, weights_only=False)  # mmap: no second copy
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    checkpoint = read_checkpoint(ckpt_path)
+    model, tokenizer = model_from_checkpoint(checkpoint, ckpt_path)
+    with written_atomically(out) as tmp:
         save_model(model, tokenizer.eos_id, tmp)
         save_tokenizer(tokenizer, tmp)
         (tmp / "README.md").write_text(model_card(checkpoint, Path(ckpt_path), out.name))
-        _replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -143,16 +138,6 @@ def model_card(checkpoint: dict, ckpt_path: Path, name: str) -> str:
         "Short window attention enables long-term memorization, arXiv:2509.24552.", ""])
 
 
-def _replace(new: Path, out: Path) -> None:
-    """Rename the finished folder into place; an old folder is removed only after the new one is there."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    if out.exists():
-        os.replace(out, old)
-    os.replace(new, out)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def main(ckpt_path: str, out: str, overwrite: bool = False) -> Path:
     """Export a checkpoint to a Hugging Face folder.
 
@@ -168,8 +153,9 @@ def main(ckpt_path: str, out: str, overwrite: bool = False) -> Path:
 
 
 def cli() -> None:
-    """The `swax-export` console script."""
-    CLI(main, as_positional=False)
+    """The `swax-export` console script: errors in what was asked are one line (exit code 2)."""
+    with usage_errors_reported(FileNotFoundError, FileExistsError):
+        CLI(main, as_positional=False)
 
 
 if __name__ == "__main__":

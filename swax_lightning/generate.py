@@ -12,41 +12,17 @@ full-attention layers become SWA(window, n_sink) too (paper 2's training-free SW
 `--prompt` may be repeated, and each value is taken exactly as typed: the command line pulls the prompts out before
 jsonargparse parses the rest (it would read `--prompt X` as a list to parse, and a prompt such as "[1, 2]" as YAML).
 Errors in what was asked (a missing file, a bad option) are one line `error: ...` with exit code 2
-(swax_lightning.cli.usage_errors_reported).
+(swax_lightning.config.usage_errors_reported).
 """
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-import torch
 from jsonargparse import ArgumentParser
 
-from swax_lightning.checkpoints import is_distributed_checkpoint
-from swax_lightning.cli import usage_errors_reported
-from swax_lightning.config import ConfigError
+from swax_lightning.checkpoints import load_model
+from swax_lightning.config import ConfigError, usage_errors_reported
 from swax_lightning.inference import continue_texts, override_attention, read_prompts, show_continuation
-from swax_lightning.module import LanguageModule
-from swax_lightning.tokenizer import load_tokenizer
-
-
-def load_model(ckpt_path: str | Path, device: str = "cpu"):
-    """(model in eval mode, tokenizer) from a Lightning checkpoint written by main.py fit."""
-    path = Path(ckpt_path)
-    if is_distributed_checkpoint(path):
-        raise ConfigError(f"{path} is a distributed checkpoint (one shard per rank): make one file of it first with "
-                          f"python -m swax_lightning.checkpoints {path}")
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
-    try:
-        checkpoint = torch.load(path, map_location=device, weights_only=False)
-    except Exception as err:  # truncated or not a torch file
-        raise ConfigError(f"cannot read checkpoint {path}: {err}") from err
-    module = LanguageModule(**checkpoint.get("hyper_parameters", {}))
-    module.on_load_checkpoint(checkpoint)
-    module.load_state_dict(checkpoint["state_dict"])
-    tokenizer_spec = checkpoint.get("datamodule_hyper_parameters", {}).get("tokenizer", "byte")
-    return module.model.eval(), load_tokenizer(tokenizer_spec)
 
 
 def main(ckpt_path: str, prompt: list[str] | None = None, prompts_file: str | None = None,

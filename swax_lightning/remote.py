@@ -21,9 +21,9 @@ Decisions:
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from swax_lightning.atomic import written_atomically
 from swax_lightning.shards import check_listed_sizes
 
 REMOTE_SCHEMES = ("s3://",)
@@ -87,14 +87,8 @@ class RemoteFolder:
 
     def fetch(self, name: str, local: Path) -> None:
         """Downloads one object to `local`, through a temporary name (no reader sees half a file)."""
-        local.parent.mkdir(parents=True, exist_ok=True)
-        tmp = local.with_name(f".{local.name}.{os.getpid()}.part")
-        try:
-            with open(tmp, "wb") as f:
-                self._s3.download_fileobj(self.bucket, self._key(name), f)
-            os.replace(tmp, local)
-        finally:
-            tmp.unlink(missing_ok=True)
+        with written_atomically(local) as tmp, open(tmp, "wb") as f:
+            self._s3.download_fileobj(self.bucket, self._key(name), f)
 
     def upload(self, root: Path, names: list[str]) -> None:
         """Uploads root/name for each name, then root/meta.json last (it marks the folder complete)."""

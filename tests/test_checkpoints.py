@@ -1,6 +1,10 @@
 """last.ckpt is always the newest finite state, and the numerics guard stops (or skips) non-finite steps without
-letting a NaN model replace a good checkpoint. One process, tiny model, in-process Lightning runs."""
+letting a NaN model replace a good checkpoint (one process, tiny model, in-process Lightning runs). The one checkpoint
+loader checks the tokenizer by content, for every command that loads a checkpoint (run as a user types them)."""
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -13,6 +17,7 @@ from swax_lightning.data import TextDataModule
 from swax_lightning.module import LanguageModule
 from swax_lightning.numerics import NonFiniteError, NumericsGuard
 
+ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(vocab_size=257, d_model=32, n_layers=2, n_heads=2, mlstm_heads=2, chunk_size=16, window=32)
 
 
@@ -106,3 +111,51 @@ def test_skip_mode_drops_the_bad_step_and_goes_on(tmp_path, data_dir):
         assert torch.equal(probe.params_after[name], before), name  # no update, no weight decay
     assert all(torch.isfinite(p).all() for p in module.parameters())
     assert trainer.callback_metrics["train/skipped_steps"] == 1
+
+
+# ---- the one loader: a checkpoint's tokenizer is checked by content ------------------------------------------------
+def _bpe(text: str, path: Path, vocab: int = 300) -> Path:
+    """A byte-level BPE tokenizer.json trained on `text` (different texts give different merges, same size)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([text] * 20, trainer)
+    tok.save(str(path))
+    return path
+
+
+@pytest.mark.slow
+def test_a_replaced_tokenizer_file_is_refused_by_test_generate_export_and_resume(tmp_path):
+    """fit records the tokenizer's content fingerprint in the checkpoint; a different tokenizer of the same size put
+    at the same path is refused, in one line, by every command that loads the checkpoint."""
+    (tmp_path / "src").mkdir()
+    for i in range(40):
+        (tmp_path / "src" / f"doc{i}.py").write_text(f"def f{i}(x):\n    return x * {i} + {i * i}\n" * 30)
+    tokenizer = _bpe("def return x * + 1 2 3 4 5 6 7 8 9 0\n" * 10, tmp_path / "tokenizer.json")
+    common = ["--config", str(ROOT / "configs/tiny.yaml"), "--data.source", str(tmp_path / "src"),
+              "--data.tokenizer", str(tokenizer), "--data.data_dir", str(tmp_path / "data"), "--data.seq_len", "32",
+              "--data.batch_size", "2", "--data.val_fraction", "0.1", "--data.test_fraction", "0.1",
+              "--model.arch.vocab_size", "320",
+              "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), "--trainer.enable_progress_bar", "false"]
+    fit = _command("main.py", "fit", *common, "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0")
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    ckpt = tmp_path / "runs/tiny/w64/checkpoints/last.ckpt"
+    recorded = torch.load(ckpt, weights_only=False)["datamodule_hyper_parameters"]["tokenizer_fingerprint"]
+    assert recorded.startswith("sha256:")
+    _bpe("completely other words for another vocabulary of merges\n" * 10, tokenizer)  # same path, same size
+    runs = {"test": _command("main.py", "test", *common, "--ckpt_path", str(ckpt)),
+            "resume": _command("main.py", "fit", *common, "--ckpt_path", str(ckpt), "--trainer.max_steps", "2"),
+            "generate": _command("-m", "swax_lightning.generate", "--ckpt_path", str(ckpt), "--prompt", "def"),
+            "export": _command("-m", "swax_lightning.export", "--ckpt_path", str(ckpt), "--out", str(tmp_path / "hf"))}
+    for name, run in runs.items():
+        lines = run.stderr.strip().splitlines()
+        assert run.returncode == 2 and len(lines) == 1, (name, run.stderr[-2000:])
+        assert str(tokenizer) in lines[0] and recorded in lines[0], (name, lines)
+    assert not (tmp_path / "hf").exists()
+
+
+def _command(*args):
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -201,10 +201,10 @@ def test_hf_tokenizer_json_trained_offline(source, bpe, tmp_path):
     assert "word word" in dm.tokenizer.decode(dm.tokenizer.encode("Document 3. word word"))
 
 
-def test_missing_tokenizer_file_is_named(tmp_path):
-    dm = TextDataModule(source="embedded", tokenizer=str(tmp_path / "nope.json"), data_dir=str(tmp_path / "d"))
+def test_missing_tokenizer_file_is_named_at_construction(tmp_path):
+    """The data module reads its tokenizer when built (checkpoints record its content), before any long work."""
     with pytest.raises(FileNotFoundError, match="nope.json"):
-        dm.prepare_data()
+        TextDataModule(source="embedded", tokenizer=str(tmp_path / "nope.json"), data_dir=str(tmp_path / "d"))
 
 
 def _copy(prepared, tmp_path):

@@ -197,9 +197,9 @@ def test_sharded_evaluation_scores_what_one_process_scores(tmp_path, data_dir, t
 
 
 def test_a_distributed_checkpoint_in_one_process_is_one_clear_line(capsys, data_dir, two_rank_run):
+    from swax_lightning.checkpoints import load_model
     from swax_lightning.cli import main
     from swax_lightning.config import ConfigError
-    from swax_lightning.generate import load_model
 
     with pytest.raises(SystemExit) as exit_:
         main(["test", "--config", str(ROOT / "configs/tiny_stochastic.yaml"), "--data.data_dir", str(data_dir),
@@ -212,7 +212,7 @@ def test_a_distributed_checkpoint_in_one_process_is_one_clear_line(capsys, data_
 
 
 def test_consolidated_checkpoint_loads_in_generate_and_resumes_one_process(tmp_path, data_dir, consolidated):
-    from swax_lightning.generate import load_model
+    from swax_lightning.checkpoints import load_model
 
     model, tokenizer = load_model(consolidated)
     assert torch.isfinite(model(torch.tensor([tokenizer.encode("def main(")]))).all()

@@ -12,8 +12,8 @@ transformers = pytest.importorskip("transformers")
 
 import lightning as L  # noqa: E402
 
+from swax_lightning.checkpoints import load_model  # noqa: E402
 from swax_lightning.data import TextDataModule  # noqa: E402
-from swax_lightning.generate import load_model  # noqa: E402
 from swax_lightning.inference import continue_texts  # noqa: E402
 from swax_lightning.module import LanguageModule  # noqa: E402
 

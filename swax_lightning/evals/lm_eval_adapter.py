@@ -73,7 +73,7 @@ class SwaxLM(LM):
         if model is None:
             if not ckpt_path:
                 raise ValueError("SwaxLM needs ckpt_path=<checkpoint of main.py fit> (or a model and a tokenizer)")
-            from swax_lightning.generate import load_model
+            from swax_lightning.checkpoints import load_model
 
             model, tokenizer = load_model(ckpt_path, _device(device))
         elif tokenizer is None:
