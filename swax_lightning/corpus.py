@@ -7,9 +7,11 @@ files (one document per line, from the field "text").
 
 Decisions:
 - Documents are referenced by small picklable strings so that litdata's `optimize` workers can read them.
-- The train/val/test split is by document, from a stable hash of the document's name: adding files never moves an
-  existing document to another split, and the held-out text is never trained on. Validation takes the lowest
-  hash bucket, test the next one, so raising test_fraction never moves a validation document.
+- The train/val/test split is by document, from a stable hash of the document's name, which is its path relative to
+  the source's root (the standard library's folder for the embedded corpus): the split is the same on every machine
+  and wherever the folder is moved, adding files never moves an existing document to another split, and the
+  held-out text is never trained on. Validation takes the lowest hash bucket, test the next one, so raising
+  test_fraction never moves a validation document.
 - Files that are not valid UTF-8 are skipped, but never silently: the caller passes a list that collects them and
   reports the count with examples (the few stdlib files that are not UTF-8 are tests, left out of the corpus).
 """
@@ -26,8 +28,12 @@ TEXT_SUFFIXES = (".txt", ".md", ".py", ".jsonl")
 _TOPIC_PREFIX = "pydoc_data.topics:"
 
 
+def _stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
 def _stdlib_sources() -> list[str]:
-    root = Path(sysconfig.get_paths()["stdlib"])
+    root = _stdlib_root()
     skip = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
     files = [p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts[:-1])
              and not p.name.startswith("test_")]
@@ -50,9 +56,20 @@ def document_refs(source: str) -> list[str]:
     return [str(p) for p in files]
 
 
-def read_documents(ref: str, undecodable: list[str] | None = None) -> Iterator[tuple[str, str]]:
-    """(name, text) for each document behind one ref; a file that is not UTF-8 yields nothing and is appended to
-    `undecodable` when given."""
+def document_name(ref: str, source: str) -> str:
+    """The name of the document(s) behind a ref, the same wherever the source lives: the path relative to the
+    source's root (the standard library's folder for the embedded corpus; the file name for a one-file source), or
+    the pydoc topic key."""
+    if ref.startswith(_TOPIC_PREFIX):
+        return ref
+    root = _stdlib_root() if source == EMBEDDED else Path(source)
+    return Path(ref).name if root.is_file() else Path(ref).relative_to(root).as_posix()
+
+
+def read_documents(ref: str, source: str, undecodable: list[str] | None = None) -> Iterator[tuple[str, str]]:
+    """(name, text) for each document behind one ref of `source` (names from document_name: a .jsonl line is
+    "<name>:<line index>"); a file that is not UTF-8 yields nothing and is appended to `undecodable` when given."""
+    name = document_name(ref, source)
     if ref.startswith(_TOPIC_PREFIX):
         from pydoc_data.topics import topics
 
@@ -65,12 +82,12 @@ def read_documents(ref: str, undecodable: list[str] | None = None) -> Iterator[t
             undecodable.append(ref)
         return
     if not ref.endswith(".jsonl"):
-        yield ref, text
+        yield name, text
         return
     for line_no, line in enumerate(text.splitlines()):
         if line.strip():
             try:
-                yield f"{ref}:{line_no}", json.loads(line)["text"]
+                yield f"{name}:{line_no}", json.loads(line)["text"]
             except (json.JSONDecodeError, KeyError, TypeError) as err:
                 raise ValueError(f"{ref} line {line_no + 1}: expected a JSON object with a 'text' field") from err
 

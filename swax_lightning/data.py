@@ -72,6 +72,7 @@ from swax_lightning.tokenizer import load_tokenizer
 
 RECALL_PREFIX = "recall:"
 TRAIN_ORDER = "shuffled"  # recorded in meta.json: shards written in source order are not reused
+SPLIT_BY = "relative path"  # recorded in meta.json: shards split by absolute path (machine-dependent) are not reused
 SPLITS = ("train", "val", "test")
 CHUNK_TOKENS = 1 << 22  # ~4M tokens per shard file, rounded down to whole blocks
 
@@ -93,8 +94,8 @@ def _tokenizer(spec: str):
     return load_tokenizer(spec)
 
 
-def tokenize_ref(position: int, refs: list[str], tokenizer: str, val_fraction: float, test_fraction: float,
-                 recall: dict | None, staging: Path) -> None:
+def tokenize_ref(position: int, refs: list[str], source: str, tokenizer: str, val_fraction: float,
+                 test_fraction: float, recall: dict | None, staging: Path) -> None:
     """Reads `refs[position]` once and writes the tokens of its documents, each followed by the end-of-text id, to
     staging/<position>.npz, one array per split (a recall document, ref "recall:<index>", belongs to the training
     split), and to staging/<position>.json what meta.json needs from it: the validation text's bytes and tokens, the
@@ -110,7 +111,7 @@ def tokenize_ref(position: int, refs: list[str], tokenizer: str, val_fraction: f
         counts["recall_tokens"] = len(ids)
     else:
         undecodable = []
-        for name, text in read_documents(ref, undecodable):
+        for name, text in read_documents(ref, source, undecodable):
             split = split_of(name, val_fraction, test_fraction)
             tokens[split].append(tok.encode(text) + [tok.eos_id])
             if split == "val":
@@ -223,7 +224,8 @@ class TextDataModule(L.LightningDataModule):
             return {"seq_len": self.seq_len}
         return {"source": self.source, "tokenizer": self.tokenizer_spec, "seq_len": self.seq_len,
                 "val_fraction": self.val_fraction, "test_fraction": self.test_fraction,
-                "recall": asdict(self.recall) if self.recall else None, "train_order": TRAIN_ORDER}
+                "recall": asdict(self.recall) if self.recall else None, "train_order": TRAIN_ORDER,
+                "split_by": SPLIT_BY}
 
     @property
     def tokenizer(self):
@@ -299,8 +301,8 @@ class TextDataModule(L.LightningDataModule):
         returns each input's counts. Plain processes, each stopped whatever it is doing: this method never returns
         or raises with one alive."""
         staging.mkdir(parents=True)
-        settings = dict(tokenizer=self.tokenizer_spec, val_fraction=self.val_fraction, test_fraction=self.test_fraction,
-                        recall=asdict(self.recall) if self.recall else None)
+        settings = dict(source=self.source, tokenizer=self.tokenizer_spec, val_fraction=self.val_fraction,
+                        test_fraction=self.test_fraction, recall=asdict(self.recall) if self.recall else None)
         n = min(os.cpu_count() or 1, max(1, len(inputs)))
         context = multiprocessing.get_context(START_METHOD)
         # Daemons: should one ever escape, the interpreter's exit stops it instead of waiting for it.

@@ -69,7 +69,7 @@ def _stream(source, split):
     tok, ids = ByteTokenizer(), []
     refs = document_refs(str(source))
     for ref in shuffled(refs) if split == "train" else refs:
-        for name, text in read_documents(ref):
+        for name, text in read_documents(ref, str(source)):
             if split_of(name, 0.2, 0.2) == split:
                 ids += tok.encode(text) + [tok.eos_id]
     return ids
@@ -86,8 +86,32 @@ def test_shards_read_back_as_the_token_stream(prepared, source, split):
     assert prepared.meta[f"{split}_tokens"] == len(stream)
 
 
+def test_the_split_does_not_depend_on_where_the_source_lives(prepared, source, tmp_path):
+    """The same documents in another folder give the same train / validation / test shards, byte for byte (the split
+    was once a hash of the absolute path: moving the corpus moved held-out documents into training)."""
+    moved = tmp_path / "elsewhere" / "deeper"
+    shutil.copytree(source, moved)
+    again = _reuse(prepared, source=str(moved), data_dir=str(tmp_path / "d"))
+    again.prepare_data()
+    chunks = lambda root: {p.relative_to(root): p.read_bytes() for p in sorted(root.glob("*/*.bin"))}
+    assert chunks(again.data_dir) and chunks(again.data_dir) == chunks(prepared.data_dir)
+
+
+def test_embedded_document_names_hold_no_machine_path():
+    """The embedded corpus is named relative to the standard library's folder, wherever Python is installed."""
+    import sysconfig
+
+    from swax_lightning.corpus import EMBEDDED, document_name
+
+    refs = document_refs(EMBEDDED)
+    names = [document_name(ref, EMBEDDED) for ref in refs]
+    stdlib = sysconfig.get_paths()["stdlib"]
+    assert len(set(names)) == len(refs) and not any(stdlib in name or name.startswith("/") for name in names)
+    assert "json/decoder.py" in names
+
+
 def test_splits_are_disjoint_by_document(source):
-    names = [n for ref in document_refs(str(source)) for n, _ in read_documents(ref)]
+    names = [n for ref in document_refs(str(source)) for n, _ in read_documents(ref, str(source))]
     splits = {split: {n for n in names if split_of(n, 0.2, 0.2) == split} for split in ("train", "val", "test")}
     assert all(splits.values()) and sum(map(len, splits.values())) == len(names) == 40 + 1 + 10
 
