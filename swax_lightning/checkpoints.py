@@ -34,10 +34,10 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from swax_lightning import atomic
 from swax_lightning.config import ConfigError
+from swax_lightning.runs import run_folder
 from swax_lightning.tokenizer import load_tokenizer
 
 LAST = "last.ckpt"
@@ -95,18 +95,6 @@ class LatestCheckpoint(Callback):
         if trainer.checkpoint_callback is not None and trainer.checkpoint_callback.dirpath:
             return Path(trainer.checkpoint_callback.dirpath)
         return run_folder(trainer) / "checkpoints"
-
-
-def run_folder(trainer) -> Path:
-    """The folder of a run's checkpoints and config: <save_dir>/<name>/<version> of the first logger (for TensorBoard
-    and CSV, their log_dir; W&B's project and run id otherwise), the Trainer's default_root_dir without a logger."""
-    if not trainer.loggers:
-        return Path(trainer.default_root_dir)
-    logger = trainer.loggers[0]
-    if isinstance(logger, (TensorBoardLogger, CSVLogger)):
-        return Path(logger.log_dir)
-    version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
-    return Path(logger.save_dir or trainer.default_root_dir) / str(logger.name) / version
 
 
 def _validation_due(trainer) -> bool:

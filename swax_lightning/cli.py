@@ -42,13 +42,22 @@ from pathlib import Path
 import yaml
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
-from swax_lightning.checkpoints import check_tokenizer, read_checkpoint, refuse_unloadable_checkpoint, run_folder
+from swax_lightning.checkpoints import check_tokenizer, read_checkpoint, refuse_unloadable_checkpoint
 from swax_lightning.config import USAGE_ERRORS, ConfigError, ModelConfig, read_config_file, usage_errors_reported
 from swax_lightning.data import TextDataModule
 from swax_lightning.evals.suite import EvalSuite
 from swax_lightning.module import LanguageModule, check_architecture
+from swax_lightning.runs import (
+    CKPT_KEYWORDS,
+    claim_for_fit,
+    config_file_name,
+    resumes,
+    run_dir,
+    run_folder,
+    wandb_run_id,
+)
 from swax_lightning.strategy import refuse_replica_mesh  # also registers --trainer.strategy fsdp2 and hsdp
 from swax_lightning.window import StochasticWindow
 
@@ -56,8 +65,6 @@ from swax_lightning.window import StochasticWindow
 # W&B, its logs) in <save_dir>/<experiment>/<arm>/.
 RUN_NAMING = {"TensorBoardLogger": ("name", ("version",)), "CSVLogger": ("name", ("version",)),
               "WandbLogger": ("project", ("name", "version"))}
-# --ckpt_path values that Lightning resolves itself (no file of that name).
-CKPT_KEYWORDS = ("last", "best", "hpc")
 PRINT_CONFIG = "--print_config"
 CONFIG_FLAGS = ("--config", "-c")
 ORIGIN_MARK = "# settings of "  # first line of the YAML string an extending file becomes: errors can name the file
@@ -88,11 +95,14 @@ class SwaxCLI(LightningCLI):
             return
         self._argv, print_flags = _without_print_config(expand_extends(sys.argv[1:] if args is None else args))
         self.config = parser.parse_args(self._argv)
-        run_dir = name_run(self.config[self.config.subcommand] if self.config.get("subcommand") else self.config)
+        cfg = self.config[self.config.subcommand] if self.config.get("subcommand") else self.config
+        folder = name_run(cfg)
         if print_flags is not None:
-            self._print_config(parser, run_dir, print_flags)
+            self._print_config(parser, folder, print_flags)
+        if folder is not None and self.config.get("subcommand") == "fit":
+            start_run(cfg, folder)
 
-    def _print_config(self, parser, run_dir: Path | None, flags: str) -> None:
+    def _print_config(self, parser, folder: Path | None, flags: str) -> None:
         """jsonargparse's --print_config, after the run naming and validation, headed by the run folder."""
         subcommand = self.config.get("subcommand")
         subparser = self._subcommand_parsers[subcommand] if subcommand else parser
@@ -101,7 +111,7 @@ class SwaxCLI(LightningCLI):
             raise ConfigError(f"{PRINT_CONFIG}: unknown flag {unknown[0]!r} (known: {', '.join(PRINT_CONFIG_FLAGS)})")
         kwargs = {"skip_unset": False} | {PRINT_CONFIG_FLAGS[flag]: True for flag in flags.split(",") if flag}
         dump = subparser.dump(self.config[subcommand] if subcommand else self.config, **kwargs)
-        where = f"# run folder: {run_dir}" if run_dir else "# run folder: chosen by the logger (no experiment: set)"
+        where = f"# run folder: {folder}" if folder else "# run folder: chosen by the logger (no experiment: set)"
         sys.stdout.write(f"{where}\n{dump}")
         raise SystemExit(0)
 
@@ -114,6 +124,8 @@ class SwaxCLI(LightningCLI):
                             help="Arm of the study (e.g. w128, stochastic_p0.5): the run's folder name")
         parser.add_argument("--allow_random_weights", type=bool, default=False,
                             help="Let validate, test and predict run without --ckpt_path (random initial weights)")
+        parser.add_argument("--overwrite", type=bool, default=False,
+                            help="fit: replace the run already in <save_dir>/<experiment>/<arm>/ (deleted first)")
 
     def _parse_ckpt_path(self) -> None:
         """Replaces LightningCLI's merge of the checkpoint's hyperparameters into the configuration (see the module
@@ -189,18 +201,31 @@ def name_run(cfg) -> Path | None:
         setattr(logger.init_args, experiment_arg, cfg.experiment)
         for arg in arm_args:
             setattr(logger.init_args, arg, cfg.arm or "default")
-        run_dirs.append(Path(logger.init_args.get("save_dir") or ".") / cfg.experiment / (cfg.arm or "default"))
+        run_dirs.append(run_dir(logger.init_args.get("save_dir"), cfg.experiment, cfg.arm))
     return run_dirs[0] if run_dirs else None
 
 
+def start_run(cfg, folder: Path) -> None:
+    """A fit's run folder, on global rank 0 before anything is written: refused if it holds another run (or deleted
+    with --overwrite true, runs.claim_for_fit); a W&B logger gets this run's own id."""
+    if rank_zero_only.rank != 0:
+        return
+    claim_for_fit(folder, cfg.get("ckpt_path"), cfg.get("overwrite"))
+    loggers = cfg.trainer.get("logger")
+    for logger in loggers if isinstance(loggers, list) else [loggers]:
+        if getattr(logger, "class_path", "").endswith("WandbLogger"):
+            logger.init_args.version = wandb_run_id(folder, resuming=resumes(folder, cfg.get("ckpt_path")))
+
+
 class RunFolderConfig(SaveConfigCallback):
-    """Writes the run's config.yaml into its run folder (`run_folder`) for every logger; on rank 0 only."""
+    """Writes the run's settings into its run folder (`run_folder`) for every logger, on rank 0 only: config.yaml for
+    fit, <subcommand>-config.yaml for the others (runs.config_file_name)."""
 
     def save_config(self, trainer, pl_module, stage) -> None:
         folder = run_folder(trainer)
         folder.mkdir(parents=True, exist_ok=True)
-        self.parser.save(self.config, str(folder / self.config_filename), skip_none=False, overwrite=self.overwrite,
-                         multifile=self.multifile)
+        self.parser.save(self.config, str(folder / config_file_name(trainer.state.fn.value)), skip_none=False,
+                         overwrite=self.overwrite, multifile=self.multifile)
 
 
 def check_checkpoint(cfg, subcommand: str) -> None:

@@ -11,7 +11,8 @@ after another (a laptop has the cores for one), each in its own process, exactly
 
 Decisions:
 - Resumable: a run whose eval/results.json exists is skipped; a run whose fit did not finish (no fit.done marker)
-  resumes from its last.ckpt when there is one; anything else starts fresh. Stopping the command loses at most the
+  resumes from its last.ckpt when there is one; anything else starts fresh (`--overwrite true`: a run stopped before
+  its first checkpoint left only logs). Stopping the command loses at most the
   steps of the run in progress since its last checkpoint.
 - The collected results come from each run's own files: eval/results.json (NIAH, answer loss by distance) and the
   TensorBoard scalars val/loss (last validation of fit) and test/loss, so `collect` needs no state of its own.
@@ -57,8 +58,9 @@ def run_one(config: Path, seed: int, save_dir: Path, extra: list[str]) -> str:
     if (folder / "eval/results.json").is_file():
         return "done before"
     ckpt, fitted = folder / "checkpoints/last.ckpt", folder / "fit.done"
-    if not fitted.is_file():
-        _main("fit", config, seed, save_dir, extra, *(["--ckpt_path", str(ckpt)] if ckpt.exists() else []))
+    if not fitted.is_file():  # resume from the last checkpoint, or start again over a run stopped before its first
+        _main("fit", config, seed, save_dir, extra, *(["--ckpt_path", str(ckpt)] if ckpt.exists() else
+                                                      ["--overwrite", "true"]))
         fitted.write_text("main.py fit finished\n")
     _main("test", config, seed, save_dir, extra, "--ckpt_path", str(ckpt))
     return "trained and evaluated"

@@ -27,11 +27,11 @@ from pathlib import Path
 from lightning.pytorch.callbacks import Callback
 from tqdm import tqdm
 
-from swax_lightning.checkpoints import run_folder
 from swax_lightning.evals import babilong, ruler
 from swax_lightning.evals.reports import flat_metrics, heatmap_figure, summarize, write_reports
 from swax_lightning.inference import continue_texts, override_attention
 from swax_lightning.parallel import evaluation_model
+from swax_lightning.runs import run_folder
 
 BABILONG_NEW_TOKENS = 32
 INTERVAL_NOTE = ("95% Wilson score intervals on the mean share; exact in spirit for 0/100 scores, an approximation "
