@@ -164,6 +164,25 @@ def test_official_files(tmp_path):
         babilong.load_official(tmp_path, "qa1", "8k")
 
 
+@pytest.mark.parametrize("length,split", [(0, "0k"), (1000, "1k"), (1024, "1k"), (2000, "2k"), (2048, "2k"),
+                                          (4000, "4k"), (4096, "4k"), (128000, "128k"), (131072, "128k"),
+                                          (512000, "512k"), (1_000_000, "1M"), (1 << 20, "1M")])
+def test_split_names_are_the_official_ones(length, split):
+    """BABILong names its splits after 1000, 2000, 4000 ... tokens (its create_tasks.py); powers of two name the same
+    splits. split_name(1000) was '0k' and split_name(2000) '1k': the wrong file, read silently."""
+    assert babilong.split_name(length) == split
+
+
+@pytest.mark.parametrize("length", [1, 1500, 3000, 5000, 100_000, 1 << 21])
+def test_a_length_that_names_no_split_is_refused(length, tmp_path):
+    with pytest.raises(ValueError, match=f"length {length} names no official split"):
+        babilong.split_name(length)
+    from swax_lightning.evals.suite import EvalSuite
+
+    with pytest.raises(ValueError, match="EvalSuite.babilong_lengths: BABILong length"):  # at start-up, not after NIAH
+        EvalSuite(babilong_tasks=["qa1"], babilong_lengths=[4096, length], babilong_data_dir=str(tmp_path))
+
+
 @pytest.mark.parametrize("make,match", [
     (lambda: babilong.BabiLongGenerator(TOK).sample("qa9", 0), "unknown BABILong task"),
     (lambda: babilong.BabiLongGenerator(TOK).sample("qa2", 200), "too short"),

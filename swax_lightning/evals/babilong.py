@@ -284,9 +284,19 @@ class BabiLongGenerator:
         return len(self.tokenizer.encode(text))
 
 
+SPLITS = {**{f"{k}k": (1000 * k, 1024 * k) for k in (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512)},
+          "1M": (1_000_000, 1 << 20)}  # split name: the lengths in GPT-2 tokens that name it
+
+
 def split_name(length: int) -> str:
-    """The official split holding contexts of `length` GPT-2 tokens: 0k, 1k, ... 128k, 512k, 1M."""
-    return "1M" if length == 1 << 20 else f"{length // 1024}k"
+    """The official split holding contexts of `length` GPT-2 tokens. BABILong names its splits 0k, 1k, 2k, 4k, ...,
+    512k, 1M after lengths of 0, 1000, 2000, 4000, ... 1,000,000 tokens; the powers of two (1024, 4096, ... 2**20)
+    name the same splits. Any other length names none: an error, never a neighbouring split."""
+    for split, lengths in SPLITS.items():
+        if length in lengths:
+            return split
+    raise ValueError(f"BABILong length {length} names no official split; the splits are {', '.join(SPLITS)}: "
+                     f"0, 1000 or 1024 (1k), 2000 or 2048 (2k), ... 1000000 or 1048576 (1M)")
 
 
 def load_official(data_dir: str | Path, task: str, split: str, tokenizer=None) -> list[BabiSample]:

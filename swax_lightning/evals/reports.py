@@ -80,10 +80,9 @@ def flat_metrics(results: dict) -> dict:
     for row in results.get("recall", {}).get("buckets", []):
         metrics[f"eval/recall/{row['from']}-{row['to']}/answer_loss"] = row["loss"]
         metrics[f"eval/recall/{row['from']}-{row['to']}/exact"] = row["exact"]
-    for task, values in results.get("lm_eval", {}).items():
-        for metric, value in values.items():
-            if isinstance(value, (int, float)):
-                metrics[f"eval/lm_eval/{task}/{metric.replace(',', '/')}"] = value
+    for task, cells in results.get("lm_eval", {}).items():
+        for metric, c in cells.items():
+            metrics[f"eval/lm_eval/{task}/{metric.replace(',', '/')}"] = c["value"]
     return metrics
 
 
@@ -124,6 +123,10 @@ def _reach(bucket: dict) -> str:
     return "-" if "reach" not in bucket else f"{bucket['reach'][0]}-{bucket['reach'][1]}"
 
 
+def _interval(c: dict) -> str:
+    return "-" if c["ci95"] is None else f"[{c['ci95'][0]:.4f}, {c['ci95'][1]:.4f}] ({c['interval']})"
+
+
 def markdown(results: dict) -> str:
     lines = [f"# Evaluation results\n\nSettings: `{json.dumps(results['settings'])}`\n",
              "Cells: mean score [95% Wilson interval] n=samples.\n"]
@@ -157,9 +160,11 @@ def markdown(results: dict) -> str:
                   for r in results["recall"]["buckets"]]
         lines.append("")
     if "lm_eval" in results:
-        lines += ["## lm-evaluation-harness\n", "| task | metric,filter | value |", "|---|---|---|"]
-        lines += [f"| {task} | {metric} | {value:.4f} |" for task, values in results["lm_eval"].items()
-                  for metric, value in values.items() if isinstance(value, (int, float))]
+        lines += ["## lm-evaluation-harness\n",
+                  "Interval: Wilson for shares of 0/1 scores, else value +- 1.96 x the harness's standard error.\n",
+                  "| task | metric,filter | value | 95% interval | n |", "|---|---|---|---|---|"]
+        lines += [f"| {task} | {metric} | {c['value']:.4f} | {_interval(c)} | {c['n']} |"
+                  for task, cells in results["lm_eval"].items() for metric, c in cells.items()]
     return "\n".join(lines) + "\n"
 
 

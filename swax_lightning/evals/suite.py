@@ -52,7 +52,7 @@ class EvalSuite(Callback):
         babilong_samples: Samples per task and length.
         babilong_data_dir: Official BABILong files as downloaded ({dir}/{task}/{split}.json) instead of generated
             samples; babilong_lengths are then read in the official unit (GPT-2 tokens) and name the splits
-            (4096 -> 4k, 1048576 -> 1M).
+            (1000 or 1024 -> 1k, 4096 -> 4k, 1048576 -> 1M; a length that names no split is refused).
         perplexity_len: Sequence length for perplexity by position on the held-out shards (empty = skip).
         perplexity_samples: Sequences for it.
         recall_edges: Distance buckets (characters between a fact and its question) of the answer-token loss by
@@ -93,6 +93,11 @@ class EvalSuite(Callback):
             raise FileNotFoundError(f"EvalSuite.essay_file not found: {essay_file}")
         if babilong_data_dir is not None and not Path(babilong_data_dir).is_dir():
             raise FileNotFoundError(f"EvalSuite.babilong_data_dir not found: {babilong_data_dir}")
+        for length in babilong_lengths if babilong_data_dir else ():
+            try:
+                babilong.split_name(length)
+            except ValueError as err:
+                raise ValueError(f"EvalSuite.babilong_lengths: {err}") from None
         niah_depths = ruler.depth_grid(niah_depths) if isinstance(niah_depths, int) else list(niah_depths)
         if not niah_depths or any(d < 0 or d > 1 for d in niah_depths):
             raise ValueError(f"EvalSuite.niah_depths must be depths in [0, 1] or their number (got {niah_depths})")
