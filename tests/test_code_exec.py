@@ -98,27 +98,27 @@ def test_as_root_generated_code_runs_as_nobody():
     assert passes(outside % __import__("pwd").getpwnam("nobody").pw_uid, "")
 
 
-def test_root_without_a_user_to_drop_to_is_refused(monkeypatch):
+@pytest.fixture
+def fresh_run_as():
+    """run_as() is cached per process: decided afresh under the test's patches, and again after them."""
+    code_exec.run_as.cache_clear()
+    yield
+    code_exec.run_as.cache_clear()
+
+
+def test_root_without_a_user_to_drop_to_is_refused(monkeypatch, fresh_run_as):
     monkeypatch.setattr(code_exec.os, "geteuid", lambda: 0)
     monkeypatch.setattr(code_exec.pwd, "getpwnam", lambda name: (_ for _ in ()).throw(KeyError(name)))
-    code_exec.run_as.cache_clear()
-    try:
-        with pytest.raises(RuntimeError, match="runs as root and this machine has no user 'nobody'"):
-            passes(ADD, TESTS)
-    finally:
-        code_exec.run_as.cache_clear()
+    with pytest.raises(RuntimeError, match="runs as root and this machine has no user 'nobody'"):
+        passes(ADD, TESTS)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the evaluator is not root here")
-def test_root_with_no_interpreter_nobody_can_run_is_refused(monkeypatch):
+def test_root_with_no_interpreter_nobody_can_run_is_refused(monkeypatch, fresh_run_as):
     monkeypatch.setattr(code_exec, "INTERPRETER", "/nonexistent/python3")
     monkeypatch.setitem(code_exec.ENV, "PATH", "/nonexistent")
-    code_exec.run_as.cache_clear()
-    try:
-        with pytest.raises(RuntimeError, match="nobody can run neither /nonexistent/python3"):
-            passes(ADD, TESTS)
-    finally:
-        code_exec.run_as.cache_clear()
+    with pytest.raises(RuntimeError, match="nobody can run neither /nonexistent/python3"):
+        passes(ADD, TESTS)
 
 
 def test_an_endless_program_is_stopped_at_the_timeout():
