@@ -234,9 +234,12 @@ def test_do_sample_and_temperature_are_honoured():
     model = tiny_model()
     greedy = {"until": [], "max_gen_toks": 12}
     base, = SwaxLM(model, TOK).generate_until([request("ab", greedy)], disable_tqdm=True)
-    # as in the harness's HF model: a temperature without do_sample stays greedy
-    assert SwaxLM(model, TOK).generate_until([request("ab", {**greedy, "temperature": 0.7})],
+    # as in the harness's HF model (its normalize_gen_kwargs): do_sample false stays greedy whatever the temperature,
+    # and a temperature above 0 without do_sample samples
+    assert SwaxLM(model, TOK).generate_until([request("ab", {**greedy, "do_sample": False, "temperature": 2.0})],
                                              disable_tqdm=True) == [base]
+    hot = SwaxLM(model, TOK).generate_until([request("ab", {**greedy, "temperature": 2.0})] * 4, disable_tqdm=True)
+    assert hot != [base] * 4 and len(set(hot)) > 1
     sampled = [request("ab", {**greedy, "do_sample": True, "temperature": 2.0})] * 4
     outputs = SwaxLM(model, TOK).generate_until(sampled, disable_tqdm=True)
     assert outputs != [base] * 4 and len(set(outputs)) > 1  # sampled, and each request its own draw

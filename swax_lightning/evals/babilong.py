@@ -60,6 +60,7 @@ DROPS = ("dropped", "discarded", "put down", "left")
 GIVES = ("gave", "passed", "handed")
 FACT_COUNTS = {"qa1": (2, 10, 2), "qa2": (6, 26, 1), "qa3": (25, 65, 1), "qa5": (3, 13, 1)}  # least, most, step
 CHARS_PER_GPT2_TOKEN = 4.0
+MAX_NEW_TOKENS = 20  # greedy, as BABILong's scripts/run_model_on_babilong.py generates
 
 # BABILong's DEFAULT_TEMPLATE and DEFAULT_PROMPTS (babilong/prompts.py) as booydar/babilong's main branch has them at
 # commit 7a6efee29f5cac03c3c410e6799c80fd2ffe3610 (prompts.py last changed in ffa075fb7aff504275037efc04d3aeaa5b1f65b0).
@@ -290,7 +291,7 @@ def story(task: str, rng: random.Random) -> tuple[list[str], str, str]:
 
 
 class BabiLongGenerator:
-    def __init__(self, tokenizer, max_new_tokens: int = 32, filler: str | None = None, seed: int = 0):
+    def __init__(self, tokenizer, max_new_tokens: int = MAX_NEW_TOKENS, filler: str | None = None, seed: int = 0):
         self.tokenizer, self.max_new_tokens, self.seed = tokenizer, max_new_tokens, seed
         text = filler if filler is not None else generated_essay(seed=seed)
         self.filler = prose_sentences(text)

@@ -23,8 +23,9 @@ Decisions, following the harness's reference HF model where it defines the behav
 - generate_until: the token budget is max_gen_toks or one of its aliases (max_new_tokens, max_tokens,
   max_completion_tokens), read by the harness's own normalize_gen_kwargs in its order of precedence; `until` strings
   are checked after every new token and generation stops there (the text is cut before the first stop string);
-  greedy unless do_sample is true (temperature then defaults to 1.0; top_k, top_p honoured), sampled with a generator
-  seeded by `seed` and the batch's number (reproducible run to run).
+  sampled when do_sample is true, or (the harness's rule) when it is absent and the temperature is above 0, else
+  greedy (a sampled request without a temperature uses 1.0; top_k, top_p honoured), with a generator seeded by `seed`
+  and the batch's number (reproducible run to run).
 - Batching: requests are sorted longest first and run batch_size at a time, left-padded (each sequence keeps its own
   positions, so a batched result equals the one-at-a-time result); generation requests are batched only with
   requests of the same settings. Log-likelihoods are summed chunk by chunk (chunk_len tokens), with the state
@@ -143,8 +144,8 @@ class SwaxLM(LM):
         kwargs = dict(kwargs)
         until = kwargs.pop("until", None) or []
         until = [until] if isinstance(until, str) else [s for s in until if s]
-        budget = normalize_gen_kwargs(kwargs, self.max_gen_toks)["max_gen_toks"]  # the harness's aliases, its order
-        sampled = bool(kwargs.pop("do_sample", False))
+        normalized = normalize_gen_kwargs(kwargs, self.max_gen_toks)  # the harness's own reading, as its HF model
+        budget, sampled = normalized["max_gen_toks"], bool(normalized["do_sample"])
         temperature = float(kwargs.pop("temperature", 1.0 if sampled else 0.0))
         settings = {"temperature": temperature if sampled else 0.0,
                     "top_k": int(kwargs.pop("top_k", 0) or 0), "top_p": float(kwargs.pop("top_p", 1.0) or 1.0)}

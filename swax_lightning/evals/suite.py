@@ -35,7 +35,7 @@ from swax_lightning.evals.reports import flat_metrics, heatmap_figure, summarize
 from swax_lightning.inference import continue_texts, override_attention
 from swax_lightning.parallel import evaluation_model
 
-BABILONG_NEW_TOKENS = 32
+BABILONG_NEW_TOKENS = babilong.MAX_NEW_TOKENS
 INTERVAL_NOTE = ("95% Wilson score intervals on the mean share; exact in spirit for 0/100 scores, an approximation "
                  "for the partial scores of niah_multivalue and niah_multiquery")
 
@@ -67,7 +67,7 @@ class EvalSuite(Callback):
         window: Evaluation window override for the sliding-window layers (empty = the window callback's).
         n_sink: Sink-token override for the sliding-window layers.
         convert_full_attention: Also run full-attention layers as SWA(window, n_sink) (training-free conversion).
-        max_new_tokens: Generation budget of NIAH (RULER: 128); BABILong uses 32.
+        max_new_tokens: Generation budget of NIAH (RULER: 128); BABILong uses 20, as its own scripts.
         chunk_len: Prefill chunk length.
         essay_file: Text file for the essay haystack and the BABILong filler (empty = generated prose, essay.py).
         output_dir: Where the reports go (empty = <run>/eval/).
