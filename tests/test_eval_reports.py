@@ -39,11 +39,21 @@ def test_cells_carry_count_and_interval(tmp_path):
 def test_heatmap_is_titled_and_leaves_empty_cells_blank():
     fig = reports.heatmap_figure(make_results()["niah"])
     ax = fig.axes[0]
-    assert "RULER NIAH" in ax.get_title() and "n = 1/2" in ax.get_title()
+    assert "RULER NIAH" in ax.get_title() and "mean over 2 tasks, n = 1/2" in ax.get_title()
     assert ax.get_xlabel() == "context length (tokens)" and "depth" in ax.get_ylabel()
     assert [t.get_text() for t in ax.get_xticklabels()] == ["4k", "8k"]
     texts = sorted(t.get_text() for t in ax.texts)
     assert texts == ["0", "100", "50"] and "nan" not in texts  # 3 cells with samples, 1 blank
+
+
+def test_each_task_has_its_own_heatmap(tmp_path):
+    results = make_results()
+    ax = reports.heatmap_figure(results["niah"], "niah_multikey_1").axes[0]
+    assert "(niah_multikey_1, n = 2 samples per cell)" in ax.get_title()
+    assert sorted(t.get_text() for t in ax.texts) == ["0"]  # its one cell: depth 0.5 at 4k
+    reports.write_reports(results, tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("niah_heatmap*.png")) == [
+        "niah_heatmap.png", "niah_heatmap_niah_multikey_1.png", "niah_heatmap_niah_single_1.png"]
 
 
 def test_comparison_shows_intervals(tmp_path, capsys):
@@ -61,18 +71,16 @@ def test_comparison_shows_intervals(tmp_path, capsys):
         compare_main([str(tmp_path / "missing.json")])
 
 
-def test_every_length_depth_cell_gets_the_same_count():
-    suite = EvalSuite(niah_tasks=list(ruler.TASKS), niah_lengths=[4096, 8192], niah_samples=5)
+def test_every_task_length_depth_cell_gets_the_same_count():
+    suite = EvalSuite(niah_tasks=list(ruler.TASKS), niah_lengths=[4096, 8192], niah_samples=80)
     jobs = suite._niah_jobs()
-    assert len(suite.niah_depths) == 40 and len(jobs) == 2 * 8 * 5
-    for length in (4096, 8192):
-        depths = [d for _, n, _, d in jobs if n == length]
-        assert sorted(depths) == sorted(ruler.depth_grid())  # each depth once per length
-    for task in ruler.TASKS:  # each task spans the whole range, not a band of depths
-        depths = [d for t, n, _, d in jobs if t == task and n == 4096]
-        assert min(depths) < 0.25 and max(depths) > 0.75
-    with pytest.raises(ValueError, match="niah_samples"):
-        EvalSuite(niah_tasks=["niah_single_1", "niah_single_2"], niah_samples=3)
+    assert len(suite.niah_depths) == 40 and len(jobs) == 2 * 8 * 80
+    for task in ruler.TASKS:
+        for length in (4096, 8192):
+            depths = [d for t, n, _, d in jobs if (t, n) == (task, length)]
+            assert sorted(depths) == sorted(ruler.depth_grid() * 2)  # each depth twice, for every task and length
+    with pytest.raises(ValueError, match="EvalSuite.niah_samples: 5 samples per task and length cannot cover the 40"):
+        EvalSuite(niah_tasks=list(ruler.TASKS), niah_samples=5)  # the old default: 8 x 5 filled 40 depths, per task 5
     suite = EvalSuite(niah_tasks=["niah_single_1"], niah_samples=4, niah_depths=4)
     assert suite.niah_depths == pytest.approx([0, 1 / 3, 2 / 3, 1], abs=1e-6)
 

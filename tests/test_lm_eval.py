@@ -16,7 +16,8 @@ from swax_lightning.model import SWAXModel
 from swax_lightning.tokenizer import ByteTokenizer
 
 pytest.importorskip("lm_eval")
-from swax_lightning.evals.lm_eval_adapter import SwaxLM, run_lm_eval  # noqa: E402
+from swax_lightning.evals import reports  # noqa: E402
+from swax_lightning.evals.lm_eval_adapter import SwaxLM, metric_cell, run_lm_eval  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TOK = ByteTokenizer()
@@ -142,8 +143,23 @@ def test_lm_eval_in_process(tmp_path, monkeypatch):
     tasks = write_tasks(tmp_path)
     model = tiny_model()
     results = run_lm_eval(model, TOK, ["swax_tiny_code", "swax_tiny_ppl"], str(tasks))
-    assert results["swax_tiny_code"]["pass_at_1,none"] == 0.0  # a random model writes no working add()
-    assert results["swax_tiny_ppl"]["bits_per_byte,none"] > 0
+    # a random model writes no working add(): 0 of 2, with the Wilson interval of 0/2 rather than a bare 0
+    assert results["swax_tiny_code"]["pass_at_1,none"] == {"value": 0.0, "n": 2, "ci95": [0.0, 0.6576],
+                                                           "interval": "wilson"}
+    assert results["swax_tiny_ppl"]["bits_per_byte,none"]["value"] > 0
+    assert results["swax_tiny_ppl"]["bits_per_byte,none"]["n"] == 2
+    reports.write_reports({"settings": {}, "lm_eval": results, "samples": []}, tmp_path / "eval")
+    table = (tmp_path / "eval/results.md").read_text()
+    assert "| swax_tiny_code | pass_at_1,none | 0.0000 | [0.0000, 0.6576] (wilson) | 2 |" in table
+    assert reports.flat_metrics({"lm_eval": results})["eval/lm_eval/swax_tiny_code/pass_at_1/none"] == 0.0
+
+
+def test_a_share_of_0_1_scores_gets_a_wilson_interval_and_others_the_harness_stderr():
+    assert metric_cell(0.75, [1, 1, 1.0, 0], 0.25) == {"value": 0.75, "n": 4, "ci95": [0.3006, 0.9544],
+                                                         "interval": "wilson"}
+    normal = metric_cell(2.0, [(1.0, 2.0)] * 4, 0.5)  # a corpus-level metric: its per-document values are pairs
+    assert normal["ci95"] == pytest.approx([2.0 - 1.96 * 0.5, 2.0 + 1.96 * 0.5], abs=1e-3) and normal["n"] == 4
+    assert metric_cell(0.4, [0.2, 0.6], "N/A")["ci95"] is None
 
 
 @pytest.mark.slow
@@ -201,13 +217,29 @@ def test_stop_strings_end_generation_early(monkeypatch):
     assert len(steps) <= 1 + 8  # one prefill chunk, then a few steps past the stop: not the 40 tokens of budget
 
 
+def test_every_alias_of_the_token_budget_is_honoured():
+    """The harness's aliases of max_gen_toks, in its order of precedence (max_new_tokens was ignored: 5 asked, 256
+    generated)."""
+    lm = SwaxLM(tiny_model(), TOK, chunk_len=64)
+    five, default = lm.generate_until([request("ab", {"until": [], "max_gen_toks": 5}), request("ab", {"until": []})],
+                                      disable_tqdm=True)
+    assert len(five) <= 5 < len(default)  # one byte token is at most one character
+    for alias in ("max_new_tokens", "max_tokens", "max_completion_tokens"):
+        assert lm.generate_until([request("ab", {"until": [], alias: 5})], disable_tqdm=True) == [five], alias
+    both = {"until": [], "max_gen_toks": 5, "max_new_tokens": 9}  # max_gen_toks first, as in the harness
+    assert lm.generate_until([request("ab", both)], disable_tqdm=True) == [five]
+
+
 def test_do_sample_and_temperature_are_honoured():
     model = tiny_model()
     greedy = {"until": [], "max_gen_toks": 12}
     base, = SwaxLM(model, TOK).generate_until([request("ab", greedy)], disable_tqdm=True)
-    # as in the harness's HF model: a temperature without do_sample stays greedy
-    assert SwaxLM(model, TOK).generate_until([request("ab", {**greedy, "temperature": 0.7})],
+    # as in the harness's HF model (its normalize_gen_kwargs): do_sample false stays greedy whatever the temperature,
+    # and a temperature above 0 without do_sample samples
+    assert SwaxLM(model, TOK).generate_until([request("ab", {**greedy, "do_sample": False, "temperature": 2.0})],
                                              disable_tqdm=True) == [base]
+    hot = SwaxLM(model, TOK).generate_until([request("ab", {**greedy, "temperature": 2.0})] * 4, disable_tqdm=True)
+    assert hot != [base] * 4 and len(set(hot)) > 1
     sampled = [request("ab", {**greedy, "do_sample": True, "temperature": 2.0})] * 4
     outputs = SwaxLM(model, TOK).generate_until(sampled, disable_tqdm=True)
     assert outputs != [base] * 4 and len(set(outputs)) > 1  # sampled, and each request its own draw

@@ -1,11 +1,13 @@
 """RULER NIAH: the scoring rule on hand-made cases; the generator (determinism, length in tokens, depth, RULER's
-singular rewrite and newline-joined haystacks); oracles: one that reads the whole prompt scores 100 on every task,
-one that reads only the last W tokens scores no more than the share of the haystack inside its window."""
+singular rewrite and newline-joined haystacks); oracles run through the suite's own dealing and scoring: one that
+reads the whole prompt scores 100 on every task, one that reads only the last W tokens at most 5 from 16W on."""
 import re
+from collections import defaultdict
 
 import pytest
 
 from swax_lightning.evals import essay, ruler
+from swax_lightning.evals.suite import EvalSuite
 from swax_lightning.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()
@@ -98,41 +100,52 @@ def test_depth_grid():
 
 
 W = 256
+QUESTION_RE = re.compile(r"What (?:is|are all) the special magic \w+ for .+ mentioned in the provided text\?")
 
 
-def window_only_score(task: str, length: int, depths: list[float]) -> tuple[float, float, float]:
-    """(score of an oracle that reads only the last W tokens, share of the haystack inside those W tokens, score of
-    the same oracle reading the whole prompt), over one sample per depth."""
-    gen = ruler.NIAHGenerator(TOK)
-    window = visible = full = 0.0
-    for i, depth in enumerate(depths):
-        sample = gen.sample(task, length, depth, i)
-        ids = TOK.encode(sample.input_text)
-        seen = TOK.decode(ids[-W:])
-        window += ruler.string_match_all(oracle(seen, sample.question), sample.references)
-        full += ruler.string_match_all(oracle(sample.input_text, sample.question), sample.references)
-        start, end = sample.context_span
-        visible += max(0, end - (len(sample.input_text) - len(seen))) / (end - start)
-    return window / len(depths), 100 * visible / len(depths), full / len(depths)
+def run_suite_niah(suite, window: int | None) -> tuple[dict, list]:
+    """The suite's own NIAH run (its job list, its samples, its scoring), with a model that answers every needle it
+    can read: in the last `window` tokens of the prompt, or in all of it (window None)."""
+    from swax_lightning.evals import suite as suite_module
+
+    def continue_texts(model, tokenizer, texts, max_new_tokens, chunk_len):
+        seen = [TOK.decode(TOK.encode(text)[-window:]) if window else text for text in texts]
+        return [oracle(text, QUESTION_RE.findall(text)[-1]) if QUESTION_RE.search(text) else "" for text in seen]
+
+    samples = []
+    original, suite_module.continue_texts = suite_module.continue_texts, continue_texts
+    try:
+        return suite._run_niah(None, TOK, samples), samples
+    finally:
+        suite_module.continue_texts = original
 
 
-@pytest.mark.parametrize("task", sorted(ruler.TASKS))
-def test_a_window_only_model_scores_the_share_of_the_haystack_it_sees(task):
-    """On RULER's 40-depth grid a model that sees only its last W tokens scores at most the share of the haystack
-    inside its window (plus one depth of 40): at most 5% from 32W on, while reading the whole prompt scores 100.
-    (At 4W the window holds about a tenth of the haystack here, so 5% cannot hold there for any grid.)"""
-    for length in (4 * W, 32 * W):
-        window, visible, full = window_only_score(task, length, ruler.depth_grid())
-        assert full == 100.0
-        assert window <= visible + 100 / 40, (length, window, visible)
-        if length >= 32 * W:
-            assert window <= 5.0, (length, window)
+def test_a_window_only_model_scores_at_most_5_on_every_task_through_the_suites_dealing():
+    """The suite's default grid (40 depths, 40 samples per task and length), every task: a model that sees only its
+    last W tokens scores at most 5% from 16W on, on every task, while one that reads the whole prompt scores 100.
+    With the earlier dealing (depth (i x 8 + t) mod 40, 5 samples per task) each task saw 5 depths and the task
+    listed last here, niah_single_3, scored 20 at 16W, 32W and 64W."""
+    suite = EvalSuite(niah_tasks=sorted(ruler.TASKS), niah_lengths=[16 * W, 32 * W, 64 * W])
+    assert suite.niah_samples == 40 and len(suite.niah_depths) == 40  # the defaults
+    window, samples = run_suite_niah(suite, W)
+    for task in ruler.TASKS:
+        for length in suite.niah_lengths:
+            cell = window["scores"][task][str(length)]
+            assert cell["n"] == 40 and cell["mean"] <= 5.0, (task, length, cell)
+    full, _ = run_suite_niah(suite, None)
+    assert all(c["mean"] == 100.0 for row in full["scores"].values() for c in row.values())
+    depths = defaultdict(list)
+    for sample in samples:
+        depths[sample["task"], sample["length"]].append(sample["depth"])
+    assert len(depths) == 8 * 3 and all(sorted(d) == ruler.depth_grid() for d in depths.values())  # every depth
 
 
-def test_the_old_five_depth_grid_inflated_window_only_scores():
-    """The test above can fail: with depths 0, .25, .5, .75, 1 the window-only oracle scores 20 at 32W."""
-    window, _, _ = window_only_score("niah_single_1", 32 * W, [0.0, 0.25, 0.5, 0.75, 1.0])
-    assert window == 20.0
+def test_few_depths_let_a_window_only_model_score_20():
+    """The test above can fail: with depths 0, .25, .5, .75, 1 the needle at depth 1 sits inside the window, and the
+    window-only model scores 20 at 32W."""
+    suite = EvalSuite(niah_tasks=["niah_single_1"], niah_lengths=[32 * W], niah_samples=5, niah_depths=5)
+    window, _ = run_suite_niah(suite, W)
+    assert window["scores"]["niah_single_1"][str(32 * W)]["mean"] == 20.0
 
 
 @pytest.mark.parametrize("length", [1024, 16384, 131072])
@@ -163,8 +176,6 @@ def test_clear_errors(make, match):
 def test_a_too_short_niah_length_is_refused_at_setup_before_any_training():
     """A study arm with a 256-token NIAH length trained for 4 minutes, then its test failed on the length."""
     from types import SimpleNamespace
-
-    from swax_lightning.evals.suite import EvalSuite
 
     trainer = SimpleNamespace(datamodule=SimpleNamespace(tokenizer=TOK))
     with pytest.raises(ValueError, match=r"EvalSuite.niah_lengths: niah_single_2: length 256 is too short"):

@@ -4,28 +4,36 @@ files, with the official prompts and scoring rule.
 Tasks (bAbI, Weston et al. 2015, as BABILong uses them):
 - qa1 single supporting fact: people move between rooms; "Where is Mary?".
 - qa2 two supporting facts: people also pick up and drop objects; "Where is the football?".
-- qa3 three supporting facts: "Where was the football before the kitchen?" (where the object was before it last
-  came to that room).
-- qa4 two-argument relations: two facts about one room ("The office is north of the kitchen. The garden is south of
-  the kitchen."); "What is north of the kitchen?" or "What is the kitchen south of?": the direction decides.
+- qa3 three supporting facts: "Where was the football before the kitchen?", about a room the object was in earlier,
+  not the one it is in now (as in bAbI's stories), answered by the room it was in before it last came to that one.
+- qa4 two-argument relations: three rooms on a line, a fact about each neighbouring pair ("The office is north of the
+  kitchen. The garden is south of the kitchen."); the question asks about the middle room ("What is north of the
+  kitchen?", "What is the kitchen south of?"), so only the direction tells which of its two neighbours answers.
 - qa5 three-argument relations: people pass objects to each other; all five bAbI question forms ("Who gave the milk
   to Fred?", "Who received the milk?", "What did Jeff give to Fred?", "Who did Jeff give the milk to?", "Who gave the
   milk?"), answered by the latest matching hand-over.
 bAbI's sets: Mary, John, Daniel, Sandra (qa1-qa3); Fred, Mary, Jeff, Bill (qa5); six rooms; football, apple, milk.
 
 Decisions:
-- A small world simulator writes each story, so every answer follows from the facts; the facts keep their order and
-  are spread over filler sentences at seeded positions (recorded in the sample). The filler is the generated prose
-  of essay.py (PG-19 books in the official set; those cannot be fetched here).
-- Story lengths follow bAbI's: the number of facts is drawn per task (FACT_COUNTS) so that the facts alone are about
-  as long as the official 0k split (qa3: about 1,500 characters).
+- A small world simulator writes each story as bAbI's generator does (each fact: a kind of action drawn among those
+  possible, then one of its instances; in qa5 people and objects start in rooms no fact states), so every answer
+  follows from the facts; the facts keep their order and are spread over filler sentences at seeded positions
+  (recorded in the sample). The filler is the generated prose of essay.py (PG-19 books in the official set; those
+  cannot be fetched here).
+- Story lengths match the official 0k split: the number of facts is drawn per task (FACT_COUNTS; qa1: 2, 4, ... 10,
+  as bAbI asks after every second fact; qa4: always two) so that the facts alone average about as many characters as
+  the official rows: qa1 180, qa2 458, qa3 1,457, qa4 71, qa5 575. Those means come from the official 0k split
+  (RMT-team/babilong-1k-samples, 999-1,000 rows per task): its bytes per row on the dataset card, less the row's
+  question and target (booydar/babilong's evaluation files list them for the same rows) and Arrow's three 4-byte
+  offsets. tests/test_babilong.py holds the generator within 10% of each.
 - Lengths are in the model's tokens: the filler is sized so the prompt fills `length - max_new_tokens` tokens; length 0
   means the facts alone. The official splits are named in GPT-2 tokens (0k, 1k, ... 128k, 512k, 1M), which cannot be
   counted offline here; each sample records its characters and an estimate of its GPT-2 tokens (characters / 4, the
   usual ratio of GPT-2's BPE on English prose) beside its exact count in model tokens.
-- The prompt is the official one (instruction, in-context examples, post-prompt, <context> ... </context>,
-  "Question: ..."), and scoring is the official rule: lower-case the output, keep its first sentence; correct iff the
-  target is the only task label in it that the question does not mention.
+- The prompt is the official one, byte for byte (booydar/babilong's DEFAULT_TEMPLATE and DEFAULT_PROMPTS: instruction,
+  in-context examples, post-prompt, <context> ... </context>, "Question: ...", separated by blank lines), and scoring
+  is the official rule: lower-case the output, keep its first sentence; correct iff the target is the only task label
+  in it that the question does not mention.
 - Official files: `{data_dir}/{task}/{split}.json` (JSON list or JSON lines of rows with "input", "question",
   "target"), the layout of the downloaded dataset; the 1M split is "1M".
 """
@@ -50,11 +58,14 @@ MOVES = ("moved to", "went to", "journeyed to", "travelled to", "went back to")
 PICKS = ("picked up", "got", "grabbed", "took")
 DROPS = ("dropped", "discarded", "put down", "left")
 GIVES = ("gave", "passed", "handed")
-FACT_COUNTS = {"qa1": (2, 10), "qa2": (10, 40), "qa3": (30, 70), "qa4": (2, 2), "qa5": (10, 40)}
+FACT_COUNTS = {"qa1": (2, 10, 2), "qa2": (6, 26, 1), "qa3": (25, 65, 1), "qa5": (3, 13, 1)}  # least, most, step
 CHARS_PER_GPT2_TOKEN = 4.0
+MAX_NEW_TOKENS = 20  # greedy, as BABILong's scripts/run_model_on_babilong.py generates
 
-TEMPLATE = "{instruction}\n{examples}\n{post_prompt}\n<context>\n{context}\n</context>\nQuestion: {question}"
-PROMPTS = {  # BABILong's default prompts (instruction, examples, post-prompt), as published
+# BABILong's DEFAULT_TEMPLATE and DEFAULT_PROMPTS (babilong/prompts.py) as booydar/babilong's main branch has them at
+# commit 7a6efee29f5cac03c3c410e6799c80fd2ffe3610 (prompts.py last changed in ffa075fb7aff504275037efc04d3aeaa5b1f65b0).
+TEMPLATE = "{instruction}\n\n{examples}\n\n{post_prompt}\n\n<context>\n{context}\n</context>\n\nQuestion: {question}"
+PROMPTS = {  # task: (instruction, examples, post-prompt)
     "qa1": ("I will give you context with the facts about positions of different persons hidden in some random text "
             "and a question. You need to answer the question based only on the information from the facts. If a "
             "person was in different locations, use the latest location to answer the question.",
@@ -63,7 +74,7 @@ PROMPTS = {  # BABILong's default prompts (instruction, examples, post-prompt), 
             "Alan moved to the garage. Charlie went to the beach. Alan went to the shop. Rouse travelled to balcony. "
             "Where is Alan?\nAnswer: The most recent location of Alan is shop.\n</example>",
             "Always return your answer in the following format: The most recent location of ’person’ is "
-            "’location’. Do not write anything else after that. "),
+            "’location’. Do not write anything else after that."),
     "qa2": ("I give you context with the facts about locations and actions of different persons hidden in some "
             "random text and a question.You need to answer the question based only on the information from the "
             "facts.\nIf a person got an item in the first location and travelled to the second location the item is "
@@ -79,14 +90,14 @@ PROMPTS = {  # BABILong's default prompts (instruction, examples, post-prompt), 
             "random text and a question. You need to answer the question based only on the information from the "
             "facts.\nIf a person got an item in the first location and travelled to the second location the item is "
             "also in the second location. If a person dropped an item in the first location and moved to the second "
-            "location the item remains in the first location",
-            "<example>\nJohn journeyed to the bedroom.Mary grabbed the apple. Mary went back to the bathroom. Daniel "
+            "location the item remains in the first location.",
+            "<example>\nJohn journeyed to the bedroom. Mary grabbed the apple. Mary went back to the bathroom. Daniel "
             "journeyed to the bedroom. Daniel moved to the garden. Mary travelled to the kitchen. Where was the apple "
             "before the kitchen?\nAnswer: Before the kitchen the apple was in the bathroom.\n</example>\n<example>\n"
             "John went back to the bedroom. John went back to the garden. John went back to the kitchen. Sandra took "
             "the football. Sandra travelled to the garden. Sandra journeyed to the bedroom. Where was the football "
-            "before the bedroom?\nAnswer: Before the kitchen the football was in the garden.\n</example>",
-            "Always return your answer in the following format: Before the $location_1& the $item$ was in the "
+            "before the bedroom?\nAnswer: Before the bedroom the football was in the garden.\n</example>",
+            "Always return your answer in the following format: Before the $location_1$ the $item$ was in the "
             "$location_2$. Do not write anything else after that."),
     "qa4": ("I will give you context with the facts about different people, their location and actions, hidden in "
             "some random text and a question. You need to answer the question based only on the information from "
@@ -127,8 +138,9 @@ class BabiSample:
 
 
 def format_prompt(task: str, context: str, question: str) -> str:
+    """BABILong's get_formatted_input: the template filled, the context stripped, the whole stripped."""
     instruction, examples, post_prompt = PROMPTS[task]
-    return TEMPLATE.format(instruction=instruction, examples=examples, post_prompt=post_prompt, context=context,
+    return TEMPLATE.format(instruction=instruction, examples=examples, post_prompt=post_prompt, context=context.strip(),
                            question=question).strip()
 
 
@@ -150,9 +162,11 @@ class World:
         self.where: dict[str, str | None] = dict.fromkeys(PEOPLE[task])
         self.holder: dict[str, str | None] = dict.fromkeys(OBJECTS)
         self.history: dict[str, list[str]] = {o: [] for o in OBJECTS}  # rooms each object has been in, in order
+        if task == "qa5":  # bAbI's world puts everyone and everything in a room that no fact states (qa5 asks only
+            self.where = {p: rng.choice(PLACES) for p in self.where}  # who gave what to whom, which needs no room)
+            self.history = {o: [rng.choice(PLACES)] for o in OBJECTS}
         self.gives: list[tuple[str, str, str]] = []  # (giver, object, receiver)
         self.facts: list[str] = []
-        self.there = " there" if task == "qa5" else ""
 
     def location(self, obj: str) -> str | None:
         return self.where[self.holder[obj]] if self.holder[obj] else (self.history[obj] or [None])[-1]
@@ -162,46 +176,70 @@ class World:
         if room and (not self.history[obj] or self.history[obj][-1] != room):
             self.history[obj].append(room)
 
+    def _there(self) -> str:
+        """bAbI writes picking up and dropping with or without "there" (always with it in qa5's examples)."""
+        return " there" if self.task == "qa5" or self.rng.random() < 0.5 else ""
+
+    def _options(self) -> dict[str, list[tuple[str, ...]]]:
+        """Every fact the world allows now, by kind: moves, and (qa2, qa3, qa5) picking up and dropping, and (qa5)
+        handing an object to someone in the same room."""
+        people, room = list(self.where), self.where
+        options = {"move": [(p, r) for p in people for r in PLACES if r != room[p]]}
+        if self.task != "qa1":
+            options["get"] = [(p, o) for p in people for o in OBJECTS
+                              if room[p] and self.holder[o] is None and self.location(o) in (None, room[p])]
+            options["drop"] = [(p, o) for o, p in self.holder.items() if p]
+        if self.task == "qa5":
+            options["give"] = [(p, o, q) for o, p in self.holder.items() if p for q in people
+                               if q != p and room[q] == room[p]]
+        return {kind: args for kind, args in options.items() if args}
+
     def step(self) -> None:
-        rng, person = self.rng, self.rng.choice(list(self.where))
-        room = self.where[person]
-        held = [o for o in OBJECTS if self.holder[o] == person]
-        here = [o for o in OBJECTS if room and self.holder[o] is None and self.location(o) in (None, room)]
-        company = [p for p in self.where if p != person and room and self.where[p] == room]
-        roll = rng.random()
-        if self.task != "qa1" and roll < 0.25 and here:
-            obj = rng.choice(here)
-            self.holder[obj] = person
-            self.facts.append(f"{person} {rng.choice(PICKS)} the {obj}{self.there}.")
-        elif self.task == "qa5" and roll < 0.5 and held and company:
-            obj, receiver = rng.choice(held), rng.choice(company)
-            self.holder[obj] = receiver
-            self.gives.append((person, obj, receiver))
-            self.facts.append(f"{person} {rng.choice(GIVES)} the {obj} to {receiver}.")
-        elif self.task != "qa1" and roll < 0.6 and held:
-            obj = rng.choice(held)
-            self.holder[obj] = None
-            self.facts.append(f"{person} {rng.choice(DROPS)} the {obj}{self.there}.")
+        """One fact, as bAbI's generator draws it: a kind of action at random among those possible, then one of its
+        possible instances."""
+        rng = self.rng
+        kind, options = rng.choice(sorted(self._options().items()))
+        person, target, *receiver = rng.choice(options)
+        if kind == "move":
+            self.where[person] = target
+            self.facts.append(f"{person} {rng.choice(MOVES)} the {target}.")
+        elif kind == "get":
+            self.holder[target] = person
+            self.facts.append(f"{person} {rng.choice(PICKS)} the {target}{self._there()}.")
+        elif kind == "drop":
+            self.holder[target] = None
+            self.facts.append(f"{person} {rng.choice(DROPS)} the {target}{self._there()}.")
         else:
-            self.where[person] = rng.choice([p for p in PLACES if p != room])
-            self.facts.append(f"{person} {rng.choice(MOVES)} the {self.where[person]}.")
+            self.holder[target] = receiver[0]
+            self.gives.append((person, target, receiver[0]))
+            self.facts.append(f"{person} {rng.choice(GIVES)} the {target} to {receiver[0]}.")
         for obj in OBJECTS:
             self._note(obj)
 
 
 def _relations_story(rng: random.Random) -> tuple[list[str], str, str]:
-    """qa4: two facts about one room; the question names that room, so only the direction tells the answer."""
-    a, b, c = rng.sample(PLACES, 3)
-    direction = rng.choice(list(OPPOSITE))
-    if rng.random() < 0.5:  # a and c both relate to b
-        other = rng.choice([d for d in OPPOSITE if d != direction])
-        facts = [f"The {a} is {direction} of the {b}.", f"The {c} is {other} of the {b}."]
-    else:  # a chain: a, b, c in one direction
-        facts = [f"The {a} is {direction} of the {b}.", f"The {b} is {direction} of the {c}."]
+    """qa4 as bAbI builds it: three rooms on a line (north-south or east-west), one fact about each neighbouring pair,
+    each written from either end, in either order; the question asks what lies in one direction of the middle room,
+    so both facts concern the asked room and only the direction tells which one answers."""
+    first, middle, last = rng.sample(PLACES, 3)
+    line = rng.choice(("north", "east"))  # first is `line` of middle, middle is `line` of last
+
+    def fact(a: str, b: str) -> str:  # "a is `line` of b", written from a or from b
+        return f"The {a} is {line} of the {b}." if rng.random() < 0.5 else f"The {b} is {OPPOSITE[line]} of the {a}."
+
+    facts = [fact(first, middle), fact(middle, last)]
     rng.shuffle(facts)
+    asked = rng.choice((line, OPPOSITE[line]))
+    answer = first if asked == line else last  # what is `asked` of the middle room
     if rng.random() < 0.5:
-        return facts, f"What is {direction} of the {b}?", a
-    return facts, f"What is the {b} {OPPOSITE[direction]} of?", a
+        return facts, f"What is {asked} of the {middle}?", answer
+    return facts, f"What is the {middle} {OPPOSITE[asked]} of?", answer
+
+
+def _earlier_arrivals(rooms: list[str]) -> list[int]:
+    """Positions j >= 1 in an object's rooms where it last arrived in rooms[j], other than where it is now: the rooms
+    "Where was the X before the Y?" can ask about, answered by rooms[j - 1]."""
+    return [j for j in range(1, len(rooms) - 1) if rooms[j] not in rooms[j + 1:]]
 
 
 def _question(task: str, world: World, rng: random.Random) -> tuple[str, str] | None:
@@ -215,9 +253,11 @@ def _question(task: str, world: World, rng: random.Random) -> tuple[str, str] | 
         obj = known and rng.choice(known)
         return (f"Where is the {obj}?", world.location(obj)) if obj else None
     if task == "qa3":
-        moved = [o for o in OBJECTS if len(world.history[o]) >= 2]
-        obj = moved and rng.choice(moved)
-        return (f"Where was the {obj} before the {world.history[obj][-1]}?", world.history[obj][-2]) if obj else None
+        asked = [(o, j) for o in OBJECTS for j in _earlier_arrivals(world.history[o])]
+        if not asked:
+            return None
+        obj, j = rng.choice(asked)
+        return f"Where was the {obj} before the {world.history[obj][j]}?", world.history[obj][j - 1]
     if not world.gives:
         return None
     giver, obj, receiver = rng.choice(world.gives)
@@ -235,20 +275,23 @@ def _question(task: str, world: World, rng: random.Random) -> tuple[str, str] | 
 
 
 def story(task: str, rng: random.Random) -> tuple[list[str], str, str]:
-    """(facts, question, target) of one bAbI story of the task."""
+    """(facts, question, target) of one bAbI story of the task: at least a drawn number of facts, then as many more
+    as it takes until the story can answer a question of the task's kind."""
     if task == "qa4":
         return _relations_story(rng)
+    lo, hi, step = FACT_COUNTS[task]
+    world, n_facts = World(task, rng), rng.randrange(lo, hi + 1, step)
     while True:
-        world, n_facts = World(task, rng), rng.randint(*FACT_COUNTS[task])
         while len(world.facts) < n_facts:
             world.step()
         asked = _question(task, world, rng)
         if asked:
             return world.facts, *asked
+        n_facts += 1
 
 
 class BabiLongGenerator:
-    def __init__(self, tokenizer, max_new_tokens: int = 32, filler: str | None = None, seed: int = 0):
+    def __init__(self, tokenizer, max_new_tokens: int = MAX_NEW_TOKENS, filler: str | None = None, seed: int = 0):
         self.tokenizer, self.max_new_tokens, self.seed = tokenizer, max_new_tokens, seed
         text = filler if filler is not None else generated_essay(seed=seed)
         self.filler = prose_sentences(text)
@@ -284,9 +327,19 @@ class BabiLongGenerator:
         return len(self.tokenizer.encode(text))
 
 
+SPLITS = {**{f"{k}k": (1000 * k, 1024 * k) for k in (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512)},
+          "1M": (1_000_000, 1 << 20)}  # split name: the lengths in GPT-2 tokens that name it
+
+
 def split_name(length: int) -> str:
-    """The official split holding contexts of `length` GPT-2 tokens: 0k, 1k, ... 128k, 512k, 1M."""
-    return "1M" if length == 1 << 20 else f"{length // 1024}k"
+    """The official split holding contexts of `length` GPT-2 tokens. BABILong names its splits 0k, 1k, 2k, 4k, ...,
+    512k, 1M after lengths of 0, 1000, 2000, 4000, ... 1,000,000 tokens; the powers of two (1024, 4096, ... 2**20)
+    name the same splits. Any other length names none: an error, never a neighbouring split."""
+    for split, lengths in SPLITS.items():
+        if length in lengths:
+            return split
+    raise ValueError(f"BABILong length {length} names no official split; the splits are {', '.join(SPLITS)}: "
+                     f"0, 1000 or 1024 (1k), 2000 or 2048 (2k), ... 1000000 or 1048576 (1M)")
 
 
 def load_official(data_dir: str | Path, task: str, split: str, tokenizer=None) -> list[BabiSample]:

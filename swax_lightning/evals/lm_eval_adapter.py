@@ -20,14 +20,18 @@ Decisions, following the harness's reference HF model where it defines the behav
 - Context and continuation: trailing spaces of the context move to the continuation, the pair is tokenized whole and
   split after the context's tokens; an empty context becomes the end-of-text token. An empty continuation scores
   (0.0, True); an empty document has log-likelihood 0.0.
-- generate_until: `until` strings are checked after every new token and generation stops there (the text is cut
-  before the first stop string); greedy unless do_sample is true (temperature then defaults to 1.0; top_k, top_p
-  honoured), sampled with a generator seeded by `seed` and the batch's number (reproducible run to run).
+- generate_until: the token budget is max_gen_toks or one of its aliases (max_new_tokens, max_tokens,
+  max_completion_tokens), read by the harness's own normalize_gen_kwargs in its order of precedence; `until` strings
+  are checked after every new token and generation stops there (the text is cut before the first stop string);
+  sampled when do_sample is true, or (the harness's rule) when it is absent and the temperature is above 0, else
+  greedy (a sampled request without a temperature uses 1.0; top_k, top_p honoured), with a generator seeded by `seed`
+  and the batch's number (reproducible run to run).
 - Batching: requests are sorted longest first and run batch_size at a time, left-padded (each sequence keeps its own
   positions, so a batched result equals the one-at-a-time result); generation requests are batched only with
   requests of the same settings. Log-likelihoods are summed chunk by chunk (chunk_len tokens), with the state
   carried, so memory does not grow with the document.
-- Metrics keep the harness's "metric,filter" keys, so two filters of one task never collapse into one number.
+- Metrics keep the harness's "metric,filter" keys, so two filters of one task never collapse into one number; each
+  comes with its document count and a 95% interval (metric_cell).
 - Runs default to offline (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE): point include_path at task YAML files with
   `dataset_path: json` and local data, or have the datasets in the HF cache.
 """
@@ -40,11 +44,14 @@ import torch
 import torch.nn.functional as F
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
+from lm_eval.models.utils import normalize_gen_kwargs
 from tqdm import tqdm
 
+from swax_lightning.evals.reports import Z95, wilson_interval
 from swax_lightning.inference import generate, left_pad, override_attention
 
 AUTO_BATCH_SIZE = 8
+BOOTSTRAP_ITERS = 1000  # the harness's resamples for the standard error of corpus-level metrics
 
 
 def _batch_size(value) -> int:
@@ -137,8 +144,8 @@ class SwaxLM(LM):
         kwargs = dict(kwargs)
         until = kwargs.pop("until", None) or []
         until = [until] if isinstance(until, str) else [s for s in until if s]
-        budget = int(kwargs.pop("max_gen_toks", self.max_gen_toks))
-        sampled = bool(kwargs.pop("do_sample", False))
+        normalized = normalize_gen_kwargs(kwargs, self.max_gen_toks)  # the harness's own reading, as its HF model
+        budget, sampled = normalized["max_gen_toks"], bool(normalized["do_sample"])
         temperature = float(kwargs.pop("temperature", 1.0 if sampled else 0.0))
         settings = {"temperature": temperature if sampled else 0.0,
                     "top_k": int(kwargs.pop("top_k", 0) or 0), "top_p": float(kwargs.pop("top_p", 1.0) or 1.0)}
@@ -181,7 +188,7 @@ class SwaxLM(LM):
 
 def run_lm_eval(model, tokenizer, tasks: list[str], include_path: str | None = None, limit: int | None = None,
                 chunk_len: int = 2048) -> dict:
-    """Run harness tasks on the model; returns {task: {"metric,filter": value}} (numbers only)."""
+    """Run harness tasks on the model; returns {task: {"metric,filter": cell}} (cells: see metric_cell)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     from lm_eval import simple_evaluate
@@ -194,6 +201,30 @@ def run_lm_eval(model, tokenizer, tasks: list[str], include_path: str | None = N
     if unknown:
         raise ValueError(f"unknown lm-eval task(s) {unknown}: not in the harness nor in include_path={include_path}")
     out = simple_evaluate(model=SwaxLM(model, tokenizer, chunk_len=chunk_len), tasks=tasks, task_manager=manager,
-                          limit=limit, log_samples=False, bootstrap_iters=0, confirm_run_unsafe_code=True)
-    return {task: {key: value for key, value in metrics.items() if isinstance(value, (int, float))}
-            for task, metrics in out["results"].items()}
+                          limit=limit, log_samples=True, bootstrap_iters=BOOTSTRAP_ITERS, confirm_run_unsafe_code=True)
+    cells = {}
+    for task, metrics in out["results"].items():
+        samples = out.get("samples", {}).get(task, [])
+        cells[task] = {}
+        for key, value in metrics.items():
+            metric, _, kind = key.partition(",")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or metric.endswith("_stderr"):
+                continue
+            per_doc = [s[metric] for s in samples if s.get("filter") == kind and metric in s]
+            cells[task][key] = metric_cell(value, per_doc, metrics.get(f"{metric}_stderr,{kind}"))
+    return cells
+
+
+def metric_cell(value: float, per_doc: list, stderr) -> dict:
+    """{"value", "n", "ci95", "interval"} of one harness metric. A mean of 0/1 scores per document (accuracy,
+    exact match, pass@1) gets the 95% Wilson interval of the share, as every other cell of the reports; any other
+    metric the normal interval value +- 1.96 x the harness's standard error (closed form for means, its bootstrap
+    for corpus-level metrics such as perplexity); none when the harness gives no standard error."""
+    n = len(per_doc)
+    if n and all(isinstance(v, (int, float)) and v in (0, 1) for v in per_doc):
+        low, high = wilson_interval(100 * value, n)
+        return {"value": value, "n": n, "ci95": [round(low / 100, 4), round(high / 100, 4)], "interval": "wilson"}
+    if isinstance(stderr, (int, float)) and not isinstance(stderr, bool):
+        return {"value": value, "n": n, "ci95": [value - Z95 * stderr, value + Z95 * stderr],
+                "interval": "normal (harness stderr)"}
+    return {"value": value, "n": n, "ci95": None, "interval": None}

@@ -16,7 +16,8 @@ from swax_lightning.tokenizer import load_tokenizer
 
 
 def prompt(kind: str, task: str, length: int, index: int, depth: float | None, tokenizer, seed: int,
-           niah_max_new_tokens: int = 128, babilong_max_new_tokens: int = 32, essay: str | None = None) -> str:
+           niah_max_new_tokens: int = 128, babilong_max_new_tokens: int = babilong.MAX_NEW_TOKENS,
+           essay: str | None = None) -> str:
     if kind == "niah":
         return ruler.NIAHGenerator(tokenizer, niah_max_new_tokens, essay, seed).sample(task, length, depth,
                                                                                          index).input_text
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokenizer", default="byte", help="'byte' or a tokenizer.json (the run's data.tokenizer)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--niah_max_new_tokens", type=int, default=128)
-    parser.add_argument("--babilong_max_new_tokens", type=int, default=32)
+    parser.add_argument("--babilong_max_new_tokens", type=int, default=babilong.MAX_NEW_TOKENS)
     parser.add_argument("--essay_file", type=Path, help="the run's eval.essay_file, if it had one")
     parser.add_argument("kind", choices=["niah", "babilong"])
     parser.add_argument("task")

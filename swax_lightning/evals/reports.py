@@ -17,6 +17,7 @@ import json
 import math
 import os
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 
 Z95 = 1.959963984540054
@@ -37,21 +38,29 @@ def cell(values: list[float]) -> dict:
     return {"mean": mean, "n": len(values), "ci95": wilson_interval(mean, len(values))}
 
 
+def _grid(values_by_depth: dict) -> dict:
+    """{depth: {length: [score, ...]}} -> {depth: {length: cell}}, depths in increasing order."""
+    return {d: {n: cell(v) for n, v in values_by_depth[d].items()} for d in sorted(values_by_depth, key=float)}
+
+
 def summarize(scores: dict) -> dict:
     """scores: {(task, length, depth or None): [score, ...]} -> {"scores": {task: {length: cell}}, with an "average"
-    row pooling the tasks, and (when depths are given) "depth_x_length": {depth: {length: cell}}}."""
+    row pooling the tasks, and (when depths are given) "depth_x_length": {depth: {length: cell}} pooling the tasks
+    and "depth_x_length_by_task": {task: {depth: {length: cell}}}}."""
     by_task, by_depth, by_length = (defaultdict(lambda: defaultdict(list)) for _ in range(3))
+    by_task_depth = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for (task, length, depth), values in scores.items():
         by_task[task][str(length)] += values
         by_length["average"][str(length)] += values
         if depth is not None:
             by_depth[f"{depth:g}"][str(length)] += values
+            by_task_depth[task][f"{depth:g}"][str(length)] += values
     table = {task: {n: cell(v) for n, v in rows.items()} for task, rows in by_task.items()}
     table["average"] = {n: cell(v) for n, v in by_length["average"].items()}
     out = {"scores": table}
     if by_depth:
-        out["depth_x_length"] = {d: {n: cell(v) for n, v in by_depth[d].items()}
-                                 for d in sorted(by_depth, key=float)}
+        out["depth_x_length"] = _grid(by_depth)
+        out["depth_x_length_by_task"] = {task: _grid(grid) for task, grid in by_task_depth.items()}
     return out
 
 
@@ -80,22 +89,22 @@ def flat_metrics(results: dict) -> dict:
     for row in results.get("recall", {}).get("buckets", []):
         metrics[f"eval/recall/{row['from']}-{row['to']}/answer_loss"] = row["loss"]
         metrics[f"eval/recall/{row['from']}-{row['to']}/exact"] = row["exact"]
-    for task, values in results.get("lm_eval", {}).items():
-        for metric, value in values.items():
-            if isinstance(value, (int, float)):
-                metrics[f"eval/lm_eval/{task}/{metric.replace(',', '/')}"] = value
+    for task, cells in results.get("lm_eval", {}).items():
+        for metric, c in cells.items():
+            metrics[f"eval/lm_eval/{task}/{metric.replace(',', '/')}"] = c["value"]
     return metrics
 
 
-def heatmap_figure(niah: dict):
-    """NIAH mean score by needle depth (rows) x context length in tokens (columns); cells without samples blank."""
+def heatmap_figure(niah: dict, task: str | None = None):
+    """NIAH mean score by needle depth (rows) x context length in tokens (columns), of one task or (task None) of
+    all tasks pooled; cells without samples blank."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    grid = niah["depth_x_length"]
+    grid = niah["depth_x_length"] if task is None else niah["depth_x_length_by_task"][task]
     depths, lengths = list(grid), lengths_of(grid)
     values = np.ma.masked_invalid([[grid[d][n]["mean"] if n in grid[d] else np.nan for n in lengths]
                                    for d in depths])
@@ -108,7 +117,8 @@ def heatmap_figure(niah: dict):
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("needle depth (share of the haystack)")
     n_text = "/".join(str(n) for n in sorted(counts))
-    ax.set_title(f"RULER NIAH accuracy (%) by needle depth and context length\n(mean over tasks, n = {n_text} samples "
+    pooled = f"mean over {len(niah['depth_x_length_by_task'])} tasks" if task is None else task
+    ax.set_title(f"RULER NIAH accuracy (%) by needle depth and context length\n({pooled}, n = {n_text} samples "
                  "per cell)", fontsize=10)
     if len(depths) <= 20:  # numbers in the cells while they stay legible
         empty = np.ma.getmaskarray(values)
@@ -122,6 +132,10 @@ def heatmap_figure(niah: dict):
 def _reach(bucket: dict) -> str:
     """A recall bucket's reach as "least-most" ("-" in results written before buckets recorded it)."""
     return "-" if "reach" not in bucket else f"{bucket['reach'][0]}-{bucket['reach'][1]}"
+
+
+def _interval(c: dict) -> str:
+    return "-" if c["ci95"] is None else f"[{c['ci95'][0]:.4f}, {c['ci95'][1]:.4f}] ({c['interval']})"
 
 
 def markdown(results: dict) -> str:
@@ -157,9 +171,11 @@ def markdown(results: dict) -> str:
                   for r in results["recall"]["buckets"]]
         lines.append("")
     if "lm_eval" in results:
-        lines += ["## lm-evaluation-harness\n", "| task | metric,filter | value |", "|---|---|---|"]
-        lines += [f"| {task} | {metric} | {value:.4f} |" for task, values in results["lm_eval"].items()
-                  for metric, value in values.items() if isinstance(value, (int, float))]
+        lines += ["## lm-evaluation-harness\n",
+                  "Interval: Wilson for shares of 0/1 scores, else value +- 1.96 x the harness's standard error.\n",
+                  "| task | metric,filter | value | 95% interval | n |", "|---|---|---|---|---|"]
+        lines += [f"| {task} | {metric} | {c['value']:.4f} | {_interval(c)} | {c['n']} |"
+                  for task, cells in results["lm_eval"].items() for metric, c in cells.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -170,10 +186,14 @@ def _replace(path: Path, write) -> None:
 
 
 def write_reports(results: dict, out_dir: Path) -> None:
-    """results.json, results.md and (NIAH) niah_heatmap.png in out_dir."""
+    """results.json, results.md and (NIAH) niah_heatmap.png (all tasks) and niah_heatmap_<task>.png in out_dir."""
     out_dir.mkdir(parents=True, exist_ok=True)
     _replace(out_dir / "results.json", lambda p: p.write_text(json.dumps(results, indent=2)))
     _replace(out_dir / "results.md", lambda p: p.write_text(markdown(results)))
     if "niah" in results:
-        fig = heatmap_figure(results["niah"])
-        _replace(out_dir / "niah_heatmap.png", lambda p: fig.savefig(p, dpi=100))
+        import matplotlib.pyplot as plt
+
+        for task in (None, *results["niah"]["depth_x_length_by_task"]):
+            fig = heatmap_figure(results["niah"], task)
+            _replace(out_dir / f"niah_heatmap{'_' + task if task else ''}.png", partial(fig.savefig, dpi=100))
+            plt.close(fig)

@@ -10,8 +10,10 @@ Reports (reports.py), written beside the checkpoint's run (runs/<experiment>/<ar
 - results.json: the settings, every cell's mean, sample count and 95% interval, and every sample (its question,
   references or target, prediction, score, length in tokens, and the arguments that regenerate its prompt with
   `python -m swax_lightning.evals.regenerate`, whose options are in settings["regenerate"]);
-- results.md: the tables; niah_heatmap.png: NIAH accuracy by needle depth x context length;
-- TensorBoard: eval/... scalars per task and length, and the heatmap as an image.
+- results.md: the tables; niah_heatmap.png: NIAH accuracy by needle depth x context length, all tasks pooled, and
+  niah_heatmap_<task>.png: the same for each task;
+- TensorBoard: eval/... scalars per task and length, and the heatmaps as images (eval/niah_heatmap, and
+  eval/niah_heatmap/<task>).
 Compare runs with `python -m swax_lightning.evals.compare`.
 
 Decision: NIAH needle depths follow RULER's grid (40 evenly spaced depths by default) and are dealt so that every
@@ -33,7 +35,7 @@ from swax_lightning.inference import continue_texts, override_attention
 from swax_lightning.parallel import evaluation_model
 from swax_lightning.runs import run_folder
 
-BABILONG_NEW_TOKENS = 32
+BABILONG_NEW_TOKENS = babilong.MAX_NEW_TOKENS
 INTERVAL_NOTE = ("95% Wilson score intervals on the mean share; exact in spirit for 0/100 scores, an approximation "
                  "for the partial scores of niah_multivalue and niah_multiquery")
 
@@ -44,7 +46,8 @@ class EvalSuite(Callback):
     Args:
         niah_tasks: RULER NIAH tasks (niah_single_1/2/3, niah_multikey_1/2/3, niah_multivalue, niah_multiquery).
         niah_lengths: Context lengths in the model's tokens.
-        niah_samples: Samples per task and length; n_tasks * niah_samples must be a multiple of the number of depths.
+        niah_samples: Samples per task and length; a multiple of the number of depths (each depth gets
+            niah_samples / n_depths of them, for every task and length).
         niah_depths: Needle depths (0 = start of the haystack, 1 = end), or their number for an evenly spaced grid
             (RULER: 40).
         babilong_tasks: BABILong tasks (qa1 .. qa5).
@@ -52,7 +55,7 @@ class EvalSuite(Callback):
         babilong_samples: Samples per task and length.
         babilong_data_dir: Official BABILong files as downloaded ({dir}/{task}/{split}.json) instead of generated
             samples; babilong_lengths are then read in the official unit (GPT-2 tokens) and name the splits
-            (4096 -> 4k, 1048576 -> 1M).
+            (1000 or 1024 -> 1k, 4096 -> 4k, 1048576 -> 1M; a length that names no split is refused).
         perplexity_len: Sequence length for perplexity by position on the held-out shards (empty = skip).
         perplexity_samples: Sequences for it.
         recall_edges: Distance buckets (characters between a fact and its question) of the answer-token loss by
@@ -64,7 +67,7 @@ class EvalSuite(Callback):
         window: Evaluation window override for the sliding-window layers (empty = the window callback's).
         n_sink: Sink-token override for the sliding-window layers.
         convert_full_attention: Also run full-attention layers as SWA(window, n_sink) (training-free conversion).
-        max_new_tokens: Generation budget of NIAH (RULER: 128); BABILong uses 32.
+        max_new_tokens: Generation budget of NIAH (RULER: 128); BABILong uses 20, as its own scripts.
         chunk_len: Prefill chunk length.
         essay_file: Text file for the essay haystack and the BABILong filler (empty = generated prose, essay.py).
         output_dir: Where the reports go (empty = <run>/eval/).
@@ -72,7 +75,7 @@ class EvalSuite(Callback):
     """
 
     def __init__(self, niah_tasks: list[str] | None = None,
-                 niah_lengths: list[int] = (4096, 8192, 16384, 32768, 65536, 131072), niah_samples: int = 5,
+                 niah_lengths: list[int] = (4096, 8192, 16384, 32768, 65536, 131072), niah_samples: int = 40,
                  niah_depths: int | list[float] = ruler.N_DEPTHS, babilong_tasks: list[str] | None = None,
                  babilong_lengths: list[int] = (0, 4096, 16384, 65536, 131072), babilong_samples: int = 5,
                  babilong_data_dir: str | None = None, perplexity_len: int | None = None, perplexity_samples: int = 8,
@@ -93,13 +96,17 @@ class EvalSuite(Callback):
             raise FileNotFoundError(f"EvalSuite.essay_file not found: {essay_file}")
         if babilong_data_dir is not None and not Path(babilong_data_dir).is_dir():
             raise FileNotFoundError(f"EvalSuite.babilong_data_dir not found: {babilong_data_dir}")
+        for length in babilong_lengths if babilong_data_dir else ():
+            try:
+                babilong.split_name(length)
+            except ValueError as err:
+                raise ValueError(f"EvalSuite.babilong_lengths: {err}") from None
         niah_depths = ruler.depth_grid(niah_depths) if isinstance(niah_depths, int) else list(niah_depths)
         if not niah_depths or any(d < 0 or d > 1 for d in niah_depths):
             raise ValueError(f"EvalSuite.niah_depths must be depths in [0, 1] or their number (got {niah_depths})")
-        if self.niah_tasks and (len(self.niah_tasks) * niah_samples) % len(niah_depths):
-            raise ValueError(f"EvalSuite.niah_samples: {len(self.niah_tasks)} tasks x {niah_samples} samples per "
-                             f"length cannot fill {len(niah_depths)} depths (niah_depths) equally; make the product "
-                             f"a multiple of the number of depths")
+        if self.niah_tasks and (niah_samples < 1 or niah_samples % len(niah_depths)):
+            raise ValueError(f"EvalSuite.niah_samples: {niah_samples} samples per task and length cannot cover the "
+                             f"{len(niah_depths)} depths (niah_depths) equally; use a multiple of {len(niah_depths)}")
         self.niah_lengths, self.niah_samples, self.niah_depths = list(niah_lengths), niah_samples, niah_depths
         self.babilong_lengths, self.babilong_samples = list(babilong_lengths), babilong_samples
         self.babilong_data_dir = babilong_data_dir
@@ -189,11 +196,11 @@ class EvalSuite(Callback):
         return continue_texts(model, tokenizer, [text], max_new_tokens, chunk_len=self.chunk_len)[0]
 
     def _niah_jobs(self) -> list[tuple[str, int, int, float]]:
-        """(task, length, index, depth) of every NIAH sample: per length, the depths are dealt over the samples of
-        all tasks so that each depth gets the same count and each task spans the whole depth range."""
-        n_tasks, depths = len(self.niah_tasks), self.niah_depths
-        return [(task, length, i, depths[(i * n_tasks + t) % len(depths)]) for length in self.niah_lengths
-                for t, task in enumerate(self.niah_tasks) for i in range(self.niah_samples)]
+        """(task, length, index, depth) of every NIAH sample: each task, at each length, takes every depth
+        niah_samples / n_depths times."""
+        depths = self.niah_depths
+        return [(task, length, i, depths[i % len(depths)]) for length in self.niah_lengths
+                for task in self.niah_tasks for i in range(self.niah_samples)]
 
     def _run_niah(self, model, tokenizer, samples: list) -> dict:
         generator = ruler.NIAHGenerator(tokenizer, self.max_new_tokens, self.essay, self.seed)
@@ -259,5 +266,7 @@ class EvalSuite(Callback):
             logger.log_metrics(metrics, step=trainer.global_step)
             experiment = getattr(logger, "experiment", None)
             if hasattr(experiment, "add_figure") and "niah" in results:
-                experiment.add_figure("eval/niah_heatmap", heatmap_figure(results["niah"]), trainer.global_step)
+                for task in (None, *results["niah"]["depth_x_length_by_task"]):
+                    tag = "eval/niah_heatmap" + (f"/{task}" if task else "")
+                    experiment.add_figure(tag, heatmap_figure(results["niah"], task), trainer.global_step)
                 experiment.flush()
