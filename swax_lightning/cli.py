@@ -64,7 +64,7 @@ from swax_lightning.window import StochasticWindow
 # Logger class: (init arg set to the experiment, init args set to the arm). Each puts its checkpoints (and, but for
 # W&B, its logs) in <save_dir>/<experiment>/<arm>/.
 RUN_NAMING = {"TensorBoardLogger": ("name", ("version",)), "CSVLogger": ("name", ("version",)),
-              "WandbLogger": ("project", ("name", "version"))}
+              "WandbLogger": ("project", ("name",))}  # its id (version) is the run's own: start_run
 PRINT_CONFIG = "--print_config"
 CONFIG_FLAGS = ("--config", "-c")
 ORIGIN_MARK = "# settings of "  # first line of the YAML string an extending file becomes: errors can name the file
@@ -202,7 +202,17 @@ def name_run(cfg) -> Path | None:
         for arg in arm_args:
             setattr(logger.init_args, arg, cfg.arm or "default")
         run_dirs.append(run_dir(logger.init_args.get("save_dir"), cfg.experiment, cfg.arm))
+    if run_dirs:
+        _checkpoints_into(cfg.trainer.get("callbacks"), run_dirs[0] / "checkpoints")
     return run_dirs[0] if run_dirs else None
+
+
+def _checkpoints_into(callbacks, folder: Path) -> None:
+    """A ModelCheckpoint without a dirpath writes into the run folder's checkpoints/ whatever the logger (Lightning
+    derives it from the logger's version, which for W&B is the run's unique id, not the arm)."""
+    for callback in callbacks or []:
+        if getattr(callback, "class_path", "").endswith("ModelCheckpoint") and not callback.init_args.get("dirpath"):
+            callback.init_args.dirpath = str(folder)
 
 
 def start_run(cfg, folder: Path) -> None:

@@ -16,8 +16,9 @@ Decisions:
   layout is whatever the installed transformers expects.
 - The byte tokenizer has no file: it is written as an equivalent tokenizer.json (byte b -> id b, end-of-text 256,
   byte-level decoding), so every HF-based tool tokenizes exactly as training did.
-- The model card is filled from the checkpoint (architecture, data, optimizer, step) and, when the run was evaluated
-  (runs/<experiment>/<arm>/eval/results.json beside the checkpoint folder), from its results.
+- The model card is filled from the checkpoint (architecture, data, optimizer, step) and from the run's results
+  (runs/<experiment>/<arm>/eval/results.json beside the checkpoint folder) only when they evaluated this very
+  checkpoint: results.json records the sha256 of the checkpoint it evaluated.
 - Nothing half-written: the folder is assembled under a temporary name and renamed into place; an existing `out` is
   refused unless overwrite=True, and then replaced only once the new folder is complete.
 """
@@ -36,6 +37,7 @@ from swax_lightning.checkpoints import model_from_checkpoint, read_checkpoint
 from swax_lightning.config import usage_errors_reported
 from swax_lightning.evals.reports import markdown
 from swax_lightning.model import SWAXModel
+from swax_lightning.runs import same_checkpoint
 from swax_lightning.tokenizer import ByteTokenizer
 
 AUTO_MAP = {"AutoConfig": "modeling_swax.SwaxConfig", "AutoModelForCausalLM": "modeling_swax.SwaxForCausalLM"}
@@ -97,6 +99,18 @@ def _byte_stand_ins() -> dict[int, str]:
     return {b: chr(b) if b in printable else chr(next(others)) for b in range(256)}
 
 
+def evaluation_section(ckpt_path: Path) -> str:
+    """The model card's results: those of <run>/eval/results.json only if they evaluated this very checkpoint (its
+    recorded sha256), never another checkpoint's."""
+    results = ckpt_path.parent.parent / "eval" / "results.json"
+    found = json.loads(results.read_text()) if results.is_file() else None
+    if found is None or not same_checkpoint(found.get("settings", {}).get("checkpoint"), ckpt_path):
+        why = "is not there" if found is None else "evaluated another checkpoint"
+        return (f"## Evaluation results\n\nNone for this checkpoint (`{results}` {why}): run `main.py test "
+                f"--ckpt_path {ckpt_path}` before exporting.")
+    return markdown(found).replace("# Evaluation results", "## Evaluation results")
+
+
 def model_card(checkpoint: dict, ckpt_path: Path, name: str) -> str:
     """README.md: what the model is, how it was trained (from the checkpoint) and how it scored (if evaluated)."""
     hparams = checkpoint.get("hyper_parameters", {})
@@ -111,9 +125,7 @@ def model_card(checkpoint: dict, ckpt_path: Path, name: str) -> str:
             ("optimizer", f"AdamW, lr {optim.get('lr')}, warmup {optim.get('warmup_steps')}, weight decay "
                           f"{optim.get('weight_decay')}"),
             ("optimizer steps", checkpoint.get("global_step")), ("exported from", f"`{ckpt_path}`")]
-    results = ckpt_path.parent.parent / "eval" / "results.json"
-    evaluation = markdown(json.loads(results.read_text())).replace("# Evaluation results", "## Evaluation results") \
-        if results.is_file() else f"## Evaluation results\n\nNone found (no `{results}` beside the checkpoint)."
+    evaluation = evaluation_section(ckpt_path)
     return "\n".join([
         "---", "library_name: transformers", "license: apache-2.0", "pipeline_tag: text-generation",
         "tags: [swax, sliding-window-attention, xlstm, mlstm]", "---", "",

@@ -38,13 +38,15 @@ def run_dir(save_dir: str | Path | None, experiment: str, arm: str | None) -> Pa
 
 def run_folder(trainer) -> Path:
     """The folder of a running Trainer's run: the first logger's <save_dir>/<name>/<version> (for TensorBoard and CSV,
-    their log_dir), the Trainer's default_root_dir without a logger."""
+    their log_dir; for W&B <save_dir>/<project>/<run name>, its version being the run's unique id), the Trainer's
+    default_root_dir without a logger."""
     if not trainer.loggers:
         return Path(trainer.default_root_dir)
     logger = trainer.loggers[0]
     if isinstance(logger, (TensorBoardLogger, CSVLogger)):
         return Path(logger.log_dir)
-    version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
+    run_name = getattr(logger, "_name", None)  # WandbLogger keeps the run name (the arm) there: its name is the project
+    version = run_name or (logger.version if isinstance(logger.version, str) else f"version_{logger.version}")
     return Path(logger.save_dir or trainer.default_root_dir) / str(logger.name) / version
 
 

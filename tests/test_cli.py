@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -244,7 +245,7 @@ def test_print_config(capsys):
 @pytest.mark.parametrize("logger,naming", [
     ("TensorBoardLogger", {"name": "tiny", "version": "w64"}),
     ("CSVLogger", {"name": "tiny", "version": "w64"}),
-    ("WandbLogger", {"project": "tiny", "name": "w64", "version": "w64"}),  # configured, not run: wandb is optional
+    ("WandbLogger", {"project": "tiny", "name": "w64"}),  # configured, not run: wandb is optional
 ])
 def test_print_config_shows_the_run_folder_of_each_logger(tmp_path, capsys, logger, naming):
     code, out, err = _in_process(capsys, "fit", "--config", str(ROOT / "configs/tiny.yaml"),
@@ -277,9 +278,47 @@ def test_a_run_of_any_logger_goes_to_the_arm_folder(tmp_path, logger):
         assert "val/loss" in (run / "metrics.csv").read_text()
         assert "pattern: SX" in (run / "hparams.yaml").read_text()
     else:
-        (wandb_run,) = (tmp_path / "wandb").glob("offline-run-*-w64")  # W&B names its folder <time>-<run id>
-        records = (wandb_run / "run-w64.wandb").read_bytes()  # metrics and config, for `wandb sync`
+        run_id = (run / "wandb-id").read_text().strip()  # the run's own id: <arm>-<8 hex digits>
+        assert run_id.startswith("w64-") and len(run_id) == len("w64-") + 8
+        (wandb_run,) = (tmp_path / "wandb").glob(f"offline-run-*-{run_id}")  # W&B's folder: <time>-<run id>
+        records = (wandb_run / f"run-{run_id}.wandb").read_bytes()  # metrics and config, for `wandb sync`
         assert b"val/loss" in records and b"tiny" in records
+        again = lambda *more: _main("fit", *_overrides(tmp_path)[:4], "--trainer.logger", spec, *more,
+                                    "--trainer.enable_progress_bar", "false", "--trainer.limit_val_batches", "0",
+                                    "--data.batch_size", "2", cwd=tmp_path)
+        resumed = again("--ckpt_path", "last", "--trainer.max_steps", "3")
+        assert resumed.returncode == 0 and (run / "wandb-id").read_text().strip() == run_id, resumed.stderr[-2000:]
+        replaced = again("--overwrite", "true", "--trainer.max_steps", "1")
+        assert replaced.returncode == 0 and (run / "wandb-id").read_text().strip() != run_id, replaced.stderr[-2000:]
+
+
+NO_EVAL = ["--eval.niah_tasks", "[]", "--eval.babilong_tasks", "[]", "--eval.perplexity_len", "null"]
+
+
+@pytest.mark.slow
+def test_one_fit_per_run_folder(tmp_path):
+    """A second fit of the same arm is refused (one line, the first run untouched) unless it resumes (--ckpt_path
+    last) or replaces it (--overwrite true); test writes its own test-config.yaml, never the fit's config.yaml."""
+    fit = lambda *more: _main("fit", *_overrides(tmp_path), "--trainer.limit_val_batches", "0", "--data.batch_size",
+                              "2", *more, cwd=tmp_path)
+    run = tmp_path / "runs/tiny/w64"
+    assert fit("--trainer.max_steps", "2").returncode == 0
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    refused = fit("--trainer.max_steps", "1")
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        f"error: {run} already holds a run: resume it with --ckpt_path last, name this run "
+        f"otherwise (--arm, --experiment), or replace it with --overwrite true"], refused.stderr[-2000:]
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    test = _main("test", *_overrides(tmp_path), "--ckpt_path", str(run / "checkpoints/last.ckpt"),
+                 "--trainer.limit_test_batches", "1", "--data.batch_size", "2", *NO_EVAL, cwd=tmp_path)
+    assert test.returncode == 0, test.stderr[-2000:]
+    assert (run / "config.yaml").read_bytes() == before[run / "config.yaml"]
+    assert f"ckpt_path: {run / 'checkpoints/last.ckpt'}" in (run / "test-config.yaml").read_text()
+    assert fit("--ckpt_path", "last", "--trainer.max_steps", "3").returncode == 0
+    assert torch.load(run / "checkpoints/last.ckpt", weights_only=False)["global_step"] == 3
+    assert fit("--overwrite", "true", "--trainer.max_steps", "1").returncode == 0
+    assert torch.load(run / "checkpoints/last.ckpt", weights_only=False)["global_step"] == 1
+    assert len(list(run.glob("events.out.tfevents.*"))) == 1 and not (run / "test-config.yaml").exists()
 
 
 # ---- generate: the README's command line as typed ------------------------------------------------------------

@@ -16,6 +16,7 @@ from swax_lightning.checkpoints import load_model  # noqa: E402
 from swax_lightning.data import TextDataModule  # noqa: E402
 from swax_lightning.inference import continue_texts  # noqa: E402
 from swax_lightning.module import LanguageModule  # noqa: E402
+from swax_lightning.runs import checkpoint_identity  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCH = {"d_model": 32, "n_layers": 2, "n_heads": 2, "mlstm_heads": 2, "window": 8, "chunk_size": 8}
@@ -39,7 +40,8 @@ def run(tmp_path_factory):
     ckpt = run_dir / "checkpoints" / "last.ckpt"
     trainer.save_checkpoint(ckpt)
     (run_dir / "eval").mkdir()
-    (run_dir / "eval" / "results.json").write_text(json.dumps(NIAH))
+    evaluated = {"settings": NIAH["settings"] | {"checkpoint": checkpoint_identity(ckpt, 3)}}
+    (run_dir / "eval" / "results.json").write_text(json.dumps(NIAH | evaluated))
     return ckpt
 
 
@@ -94,6 +96,20 @@ def test_model_card_reports_the_run(exported):
     assert "| niah_single_1 | 42.0 [28, 58] n=40 |" in card  # from runs/exp/arm/eval/results.json
     assert {"config.json", "model.safetensors", "tokenizer.json", "modeling_swax.py"} <= \
         {p.name for p in exported.iterdir()}
+
+
+def test_a_model_card_never_shows_another_checkpoints_results(run, tmp_path):
+    """results.json names the checkpoint it evaluated (sha256): exporting another checkpoint of the same run (here one
+    step less trained) gives a card without those results."""
+    from swax_lightning.export import export
+
+    other = run.with_name("step-2.ckpt")
+    checkpoint = torch.load(run, weights_only=False)
+    checkpoint["global_step"] = 2
+    checkpoint["state_dict"] = {k: v + 0.01 for k, v in checkpoint["state_dict"].items()}
+    torch.save(checkpoint, other)
+    card = (export(other, tmp_path / "hf") / "README.md").read_text()
+    assert "niah_single_1" not in card and "evaluated another checkpoint" in card
 
 
 def test_existing_folder_is_not_replaced_without_overwrite(run, exported):

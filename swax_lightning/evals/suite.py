@@ -33,7 +33,7 @@ from swax_lightning.evals import babilong, ruler
 from swax_lightning.evals.reports import flat_metrics, heatmap_figure, summarize, write_reports
 from swax_lightning.inference import continue_texts, override_attention
 from swax_lightning.parallel import evaluation_model
-from swax_lightning.runs import run_folder
+from swax_lightning.runs import checkpoint_identity, run_folder
 
 BABILONG_NEW_TOKENS = babilong.MAX_NEW_TOKENS
 INTERVAL_NOTE = ("95% Wilson score intervals on the mean share; exact in spirit for 0/100 scores, an approximation "
@@ -149,7 +149,8 @@ class EvalSuite(Callback):
         was_training, window = model.training, model.window
         model.eval()
         override_attention(model, self.window, self.n_sink, self.convert_full_attention)
-        results = {"settings": self._settings(model, data.tokenizer), "samples": []}
+        results = {"settings": self._settings(model, data.tokenizer)
+                   | {"checkpoint": checkpoint_identity(trainer.ckpt_path, trainer.global_step)}, "samples": []}
         if self.niah_tasks:
             results["niah"] = self._run_niah(model, data.tokenizer, results["samples"])
         if self.babilong_tasks:
