@@ -44,6 +44,7 @@ from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
+from swax_lightning import __version__
 from swax_lightning.checkpoints import check_tokenizer, read_checkpoint, refuse_unloadable_checkpoint
 from swax_lightning.config import USAGE_ERRORS, ConfigError, ModelConfig, read_config_file, usage_errors_reported
 from swax_lightning.data import TextDataModule
@@ -166,7 +167,7 @@ class SwaxCLI(LightningCLI):
 def _raising_parsers(parser_kwargs: dict, subcommands) -> dict:
     """parser_kwargs with exit_on_error off for the main parser and each subcommand's: a rejected value then raises
     ArgumentError (reported in one line) instead of printing the subcommand's 60-line usage."""
-    out = {**parser_kwargs, "exit_on_error": False}
+    out = {**parser_kwargs, "exit_on_error": False, "version": f"swax-lightning {__version__}"}
     for name in subcommands:
         out[name] = {**parser_kwargs.get(name, {}), "exit_on_error": False}
     return out

@@ -8,7 +8,7 @@ tokenizer_config.json), modeling_swax.py (the adapter, swax_lightning/hf_model.p
 Load it with
 
     AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)   # swax_lightning must be installed
-    AutoTokenizer.from_pretrained(folder)
+    AutoTokenizer.from_pretrained(folder, trust_remote_code=True)         # it reads config.json, which names code
 
 Decisions:
 - The model is rebuilt exactly as `swax_lightning.generate` rebuilds it (architecture from the checkpoint's
@@ -66,6 +66,8 @@ def save_model(model: SWAXModel, eos_id: int, folder: Path) -> None:
     hf.generation_config.eos_token_id = eos_id
     hf.save_pretrained(folder)
     shutil.copyfile(hf_model.__file__, folder / "modeling_swax.py")
+    for file in folder.iterdir():  # safetensors writes through a private temporary file (mode 0600)
+        file.chmod(0o644)
 
 
 def save_tokenizer(tokenizer, folder: Path) -> None:
@@ -139,7 +141,7 @@ def model_card(checkpoint: dict, ckpt_path: Path, name: str) -> str:
         "```python",
         "from transformers import AutoModelForCausalLM, AutoTokenizer  # needs `pip install swax-lightning`",
         f'model = AutoModelForCausalLM.from_pretrained("{name}", trust_remote_code=True)',
-        f'tokenizer = AutoTokenizer.from_pretrained("{name}")',
+        f'tokenizer = AutoTokenizer.from_pretrained("{name}", trust_remote_code=True)',
         'ids = tokenizer("def main(", return_tensors="pt").input_ids',
         "print(tokenizer.decode(model.generate(ids, max_new_tokens=64)[0]))",
         "```", "",

@@ -331,3 +331,10 @@ def test_generate_command_line_takes_prompts_as_typed(capsys, tiny_checkpoint, p
                   "--max_new_tokens", "3"])
     shown = [line for line in capsys.readouterr().out.splitlines() if line.startswith("--- prompt:")]
     assert shown == [f"--- prompt: {prompt!r}" for prompt in prompts]
+
+
+def test_version(tmp_path):
+    from swax_lightning import __version__
+
+    run = _main("--version", cwd=tmp_path)
+    assert run.returncode == 0 and f"swax-lightning {__version__}" in run.stdout, run.stderr

@@ -72,7 +72,7 @@ def test_logits_through_transformers_equal_the_checkpoints(run, exported, route)
 
 def test_tokenizer_through_transformers_equals_training_tokenizer(run, exported):
     _, tokenizer = load_model(run)
-    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(exported)
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(exported, trust_remote_code=True)
     text = "def main(x):\n    return 'héllo wörld'  # 日本\n"
     assert hf_tokenizer(text).input_ids == tokenizer.encode(text)
     assert hf_tokenizer.eos_token_id == tokenizer.eos_id and hf_tokenizer.decode(tokenizer.encode(text)) == text
@@ -80,7 +80,7 @@ def test_tokenizer_through_transformers_equals_training_tokenizer(run, exported)
 
 def test_generate_through_transformers_continues_as_the_streaming_decoder(run, exported):
     hf = transformers.AutoModelForCausalLM.from_pretrained(exported, trust_remote_code=True).eval()
-    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(exported)
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(exported, trust_remote_code=True)
     model, tokenizer = load_model(run)
     prompt = "def f3(x):\n    return"
     ids = hf_tokenizer(prompt, return_tensors="pt").input_ids
@@ -96,6 +96,18 @@ def test_model_card_reports_the_run(exported):
     assert "| niah_single_1 | 42.0 [28, 58] n=40 |" in card  # from runs/exp/arm/eval/results.json
     assert {"config.json", "model.safetensors", "tokenizer.json", "modeling_swax.py"} <= \
         {p.name for p in exported.iterdir()}
+
+
+def test_the_documented_loading_lines_ask_nothing_and_files_are_readable_by_all(exported):
+    """The docstring's two lines run with no prompt (stdin closed: a y/N prompt would end in an error or a warning),
+    and every exported file is world-readable (safetensors wrote model.safetensors with mode 0600)."""
+    code = ("from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+            f"AutoModelForCausalLM.from_pretrained({str(exported)!r}, trust_remote_code=True)\n"
+            f"print(AutoTokenizer.from_pretrained({str(exported)!r}, trust_remote_code=True)('def').input_ids)")
+    run = subprocess.run([sys.executable, "-c", code], stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    assert run.returncode == 0 and "[100, 101, 102]" in run.stdout, run.stderr[-2000:]
+    assert "custom code" not in run.stderr and "[y/N]" not in run.stdout + run.stderr
+    assert all(p.stat().st_mode & 0o777 == 0o644 for p in exported.iterdir())
 
 
 def test_a_model_card_never_shows_another_checkpoints_results(run, tmp_path):
@@ -159,7 +171,8 @@ def test_bpe_tokenizer_json_is_exported_as_trained(tmp_path):
     bpe.save(str(tmp_path / "tokenizer.json"))
     ours = HFTokenizer(tmp_path / "tokenizer.json")
     _fresh_checkpoint(tmp_path / "bpe.ckpt", ARCH | {"vocab_size": ours.vocab_size}, str(tmp_path / "tokenizer.json"))
-    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(export(tmp_path / "bpe.ckpt", tmp_path / "hf"))
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(export(tmp_path / "bpe.ckpt", tmp_path / "hf"),
+                                                              trust_remote_code=True)
     text = "def f7(x):\n    return x * 7\n"
     assert hf_tokenizer(text).input_ids == ours.encode(text) and len(ours.encode(text)) < len(text)
     assert hf_tokenizer.eos_token_id == ours.eos_id

@@ -137,6 +137,36 @@ def test_lm_eval_command_line_runs_the_swax_model(tmp_path):
     assert {"exact_match,raw", "exact_match,first_word"} <= set(results["swax_tiny_filters"])
 
 
+@pytest.mark.slow
+def test_lm_evals_own_hf_model_scores_an_export_as_the_swax_model_does(tmp_path):
+    """An exported checkpoint through lm-eval's stock `hf` model (transformers + accelerate, the `hf` group) gives the
+    log-likelihoods, hence the accuracies, of `--model swax` on the checkpoint itself."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate", reason="the `hf` group: bash setup.sh hf")
+    from swax_lightning.export import export
+    from swax_lightning.module import LanguageModule
+
+    module = LanguageModule(arch=ModelConfig(d_model=32, n_layers=2, n_heads=2, mlstm_heads=2, window=8))
+    module.configure_model()
+    ckpt = tmp_path / "tiny.ckpt"
+    torch.save({"hyper_parameters": dict(module.hparams), "state_dict": module.state_dict(),
+                "datamodule_hyper_parameters": {"tokenizer": "byte"}}, ckpt)
+    folder = export(ckpt, tmp_path / "hf-export")
+    tasks = write_tasks(tmp_path)
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HF_HOME": str(tmp_path / "hf"),
+           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "PYTHONPATH": f"{ROOT}:{ROOT / 'swax_lightning/evals/lm_eval_plugin'}"}
+    scores = {}
+    for model, args in (("swax", f"ckpt_path={ckpt}"), ("hf", f"pretrained={folder},trust_remote_code=True")):
+        out = subprocess.run(["lm_eval", "--model", model, "--model_args", args, "--tasks", "swax_tiny_mc",
+                              "--include_path", str(tasks), "--output_path", str(tmp_path / model), "--device", "cpu"],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        results = json.loads(next((tmp_path / model).rglob("results_*.json")).read_text())["results"]
+        scores[model] = {k: v for k, v in results["swax_tiny_mc"].items() if k.startswith("acc")}
+    assert scores["hf"] == scores["swax"] and "acc,none" in scores["hf"]
+
+
 def test_lm_eval_in_process(tmp_path, monkeypatch):
     """What `main.py test` runs: generation scored by the contained executor, rolling log-likelihood."""
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache: nothing can come from the hub
