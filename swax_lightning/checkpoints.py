@@ -77,7 +77,7 @@ class LatestCheckpoint(Callback):
         if not _all_finite(trainer, pl_module):
             warnings.warn(f"step {step}: the weights are not finite; {LAST} keeps the previous state", stacklevel=2)
             return
-        folder = Path(trainer.strategy.broadcast(str(self._folder(trainer))))
+        folder = Path(trainer.strategy.broadcast(str(self.folder(trainer))))
         final = folder / LAST
         tmp = atomic.temporary_sibling(final, tag="save")  # one name for every rank's shard
         if trainer.is_global_zero:
@@ -89,7 +89,8 @@ class LatestCheckpoint(Callback):
             atomic.replace(tmp, final)
         trainer.strategy.barrier("LatestCheckpoint.replace")
 
-    def _folder(self, trainer) -> Path:
+    def folder(self, trainer) -> Path:
+        """Where last.ckpt goes."""
         if self.dirpath:
             return Path(self.dirpath)
         if trainer.checkpoint_callback is not None and trainer.checkpoint_callback.dirpath:

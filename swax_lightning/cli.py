@@ -35,8 +35,10 @@ every swax-lightning run shares.
 """
 from __future__ import annotations
 
+import logging
 import re
 import sys
+import warnings
 from pathlib import Path
 
 import yaml
@@ -45,7 +47,13 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
 from swax_lightning import __version__
-from swax_lightning.checkpoints import check_tokenizer, read_checkpoint, refuse_unloadable_checkpoint
+from swax_lightning.checkpoints import (
+    LAST,
+    LatestCheckpoint,
+    check_tokenizer,
+    read_checkpoint,
+    refuse_unloadable_checkpoint,
+)
 from swax_lightning.config import USAGE_ERRORS, ConfigError, ModelConfig, read_config_file, usage_errors_reported
 from swax_lightning.data import TextDataModule
 from swax_lightning.evals.suite import EvalSuite
@@ -162,6 +170,24 @@ class SwaxCLI(LightningCLI):
             else:
                 logger.log_hyperparams(params)
             logger.finalize("success")  # the Trainer already closed the loggers; flush what this call reopened
+        rank_zero_only(print)(fit_summary(self.trainer, metrics))
+
+
+def fit_summary(trainer, metrics: dict) -> str:
+    """What a finished fit left and where: the run folder, the last checkpoint, the final validation figures, and
+    the commands that look at them."""
+    folder = run_folder(trainer)
+    latest = next((c for c in trainer.callbacks if isinstance(c, LatestCheckpoint)), None)
+    last = latest.folder(trainer) / LAST if latest else None
+    lines = [f"run folder: {folder} (config.yaml, checkpoints/, logs)"]
+    if last is not None and last.exists():
+        lines.append(f"last checkpoint: {last} (step {trainer.global_step})")
+    if metrics:
+        lines.append("final validation: " + ", ".join(f"{k.removeprefix('hp/')} {v:.4f}" for k, v in metrics.items()))
+    lines.append(f"curves: tensorboard --logdir {folder.parent}")
+    if last is not None and last.exists():
+        lines.append(f"evaluate: python main.py test --config {folder / 'config.yaml'} --ckpt_path {last}")
+    return "\n".join(lines)
 
 
 def _raising_parsers(parser_kwargs: dict, subcommands) -> dict:
@@ -332,8 +358,30 @@ def _file_setting(value: str, keys: list[str]) -> str | None:
     return f"in {origin}" if origin else "in a --config string"
 
 
+# Lightning's messages that say nothing a swax-lightning user can act on: (logger message start | warning text).
+QUIET_LOGS = ("💡 Tip:", "TPU available:", "HPU available:", "`weights_only` was not set")
+QUIET_WARNINGS = (r".*isinstance\(treespec, LeafSpec\)` is deprecated",  # inside Lightning, fixed by Lightning
+                  r".*Your `IterableDataset` has `__len__` defined")       # litdata sizes each rank and worker itself
+
+
+class _Quiet(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(QUIET_LOGS)
+
+
+def quiet_lightning() -> None:
+    """Drops Lightning's messages listed in QUIET_LOGS and QUIET_WARNINGS; everything else is shown."""
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).addFilter(_Quiet())
+        for handler in logging.getLogger(name).handlers:
+            handler.addFilter(_Quiet())
+    for pattern in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
+
+
 def main(args: list[str] | None = None) -> None:
     """`python main.py ...` and the `swax` console script: runs the command line `args` (default: sys.argv[1:])."""
+    quiet_lightning()
     SwaxCLI(LanguageModule, TextDataModule, seed_everything_default=0, save_config_callback=RunFolderConfig,
             save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
             args=args)

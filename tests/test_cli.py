@@ -31,6 +31,8 @@ def test_fit_then_test_from_checkpoint(tmp_path):
     assert fit.returncode == 0, fit.stderr[-3000:]
     ckpt = tmp_path / "runs/tiny/w64/checkpoints/last.ckpt"
     assert ckpt.exists()
+    assert f"last checkpoint: {ckpt} (step 6)" in fit.stdout  # where the results went, and what to do next
+    assert f"evaluate: python main.py test --config {ckpt.parents[1] / 'config.yaml'} --ckpt_path {ckpt}" in fit.stdout
     assert list((tmp_path / "runs/tiny/w64").glob("events.out.tfevents.*"))
     _assert_hparams_entry(tmp_path / "runs")
     test = _main("test", *_overrides(tmp_path), "--ckpt_path", str(ckpt), "--trainer.limit_test_batches", "2",
@@ -38,6 +40,8 @@ def test_fit_then_test_from_checkpoint(tmp_path):
     assert test.returncode == 0, test.stderr[-3000:]
     for metric in ("test/loss", "test/ppl", "test/bpb"):
         assert metric in test.stdout
+    assert test.stdout.index("evaluation cost (this machine:") < test.stdout.index("| niah_single_1 |")
+    assert f"evaluation reports: {tmp_path / 'runs/tiny/w64/eval'}/" in test.stdout
     _assert_eval_reports(tmp_path / "runs/tiny/w64")
     predict = _main("predict", *_overrides(tmp_path), "--ckpt_path", str(ckpt), "--data.prompts", '["def ", "x = "]',
                     "--model.generation.max_new_tokens", "8", cwd=tmp_path)
@@ -50,7 +54,8 @@ def test_fit_then_test_from_checkpoint(tmp_path):
 # The evaluation suite at CI size (the README's figures come from configs/base/tiny_eval.yaml, out to 131k tokens).
 SMALL_EVAL = ["--eval.niah_tasks", "[niah_single_1, niah_multikey_2]", "--eval.niah_lengths", "[1024, 2048]",
               "--eval.niah_samples", "2", "--eval.niah_depths", "2", "--eval.babilong_tasks", "[qa1, qa4]",
-              "--eval.babilong_lengths", "[0, 2048]", "--eval.perplexity_len", "512", "--eval.perplexity_samples", "2",
+              "--eval.babilong_lengths", "[0, 2048]", "--eval.babilong_samples", "1", "--eval.perplexity_len", "512",
+              "--eval.perplexity_samples", "2",
               "--eval.max_new_tokens",
               "16"]
 

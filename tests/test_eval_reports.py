@@ -128,3 +128,29 @@ def test_official_babilong_files_through_the_suite(tmp_path):
     assert result["scores"]["qa1"]["4k"]["n"] == 1
     assert samples[0]["source"] == "qa1/4k.json row 0" and samples[0]["target"] == "office"
     assert samples[0]["question"] == "Where is Mary?" and samples[0]["tokens"] > 0
+
+
+def test_the_cost_estimate_counts_the_tokens_the_suite_reads():
+    """The estimate printed before a suite runs (evals/cost.py) counts the NIAH and BABILong prompt tokens that the
+    suite's own samples then hold, within their tails, and times them from the model's measured speed."""
+    import torch
+
+    from swax_lightning.config import ModelConfig
+    from swax_lightning.evals.cost import estimate, workload
+    from swax_lightning.model import SWAXModel
+
+    suite = EvalSuite(niah_tasks=["niah_single_1", "niah_multikey_2"], niah_lengths=[1024, 2048], niah_samples=2,
+                      niah_depths=2, babilong_tasks=["qa1"], babilong_lengths=[2048], babilong_samples=2,
+                      max_new_tokens=4)
+    torch.manual_seed(0)
+    model = SWAXModel(ModelConfig(d_model=32, n_layers=2, n_heads=2, mlstm_heads=2, window=8)).eval()
+    samples = []
+    suite._run_niah(model, ByteTokenizer(), samples)
+    suite._run_babilong(model, ByteTokenizer(), samples)
+    counted = workload(suite)
+    for name, kind in (("RULER NIAH", "niah"), ("BABILong", "babilong")):
+        read = [s["tokens"] for s in samples if s["eval"] == kind]
+        assert counted[name][0] == len(read)
+        assert abs(counted[name][1] - sum(read)) <= 0.05 * sum(read), (name, counted[name], sum(read))
+    text = estimate(suite, model)
+    assert text.startswith("evaluation cost (this machine: ") and "RULER NIAH: 8 prompts, 0.01M tokens" in text

@@ -138,9 +138,10 @@ def _interval(c: dict) -> str:
     return "-" if c["ci95"] is None else f"[{c['ci95'][0]:.4f}, {c['ci95'][1]:.4f}] ({c['interval']})"
 
 
-def markdown(results: dict) -> str:
-    lines = [f"# Evaluation results\n\nSettings: `{json.dumps(results['settings'])}`\n",
-             "Cells: mean score [95% Wilson interval] n=samples.\n"]
+def markdown(results: dict, with_settings: bool = True) -> str:
+    """results.md: the tables of every evaluation (and the settings line, unless printed to a terminal)."""
+    settings = f"\n\nSettings: `{json.dumps(results['settings'])}`" if with_settings else ""
+    lines = [f"# Evaluation results{settings}\n", "Cells: mean score [95% Wilson interval] n=samples.\n"]
     titles = {"niah": "RULER NIAH (string_match_all, %; columns: context length in model tokens)",
               "babilong": "BABILong (official rule, %)"}
     for name, title in titles.items():

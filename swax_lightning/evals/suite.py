@@ -30,7 +30,8 @@ from lightning.pytorch.callbacks import Callback
 from tqdm import tqdm
 
 from swax_lightning.evals import babilong, ruler
-from swax_lightning.evals.reports import flat_metrics, heatmap_figure, summarize, write_reports
+from swax_lightning.evals.cost import estimate
+from swax_lightning.evals.reports import flat_metrics, heatmap_figure, markdown, summarize, write_reports
 from swax_lightning.inference import continue_texts, override_attention
 from swax_lightning.parallel import evaluation_model
 from swax_lightning.runs import checkpoint_identity, run_folder
@@ -149,6 +150,7 @@ class EvalSuite(Callback):
         was_training, window = model.training, model.window
         model.eval()
         override_attention(model, self.window, self.n_sink, self.convert_full_attention)
+        print(estimate(self, model), flush=True)
         results = {"settings": self._settings(model, data.tokenizer)
                    | {"checkpoint": checkpoint_identity(trainer.ckpt_path, trainer.global_step)}, "samples": []}
         if self.niah_tasks:
@@ -175,6 +177,8 @@ class EvalSuite(Callback):
                                              self.lm_eval_limit, self.chunk_len)
         out_dir = self._output_dir(trainer)
         write_reports(results, out_dir)
+        print(f"{markdown(results, with_settings=False)}\nevaluation reports: {out_dir}/ (results.json with every "
+              f"sample, results.md, plots)", flush=True)
         self._log(trainer, results, out_dir)
         if window is not None:
             model.set_window(window)
