@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 import yaml
 
+from swax_lightning import attention as attention_module
 from swax_lightning import mlstm as mlstm_module
-from swax_lightning import swa as swa_module
 from swax_lightning.config import ModelConfig, read_config_file
 from swax_lightning.model import SWAXModel
 
@@ -86,12 +86,12 @@ def _gpu_mlstm(q, k, v, i_pre, f_pre, initial_state=None, chunk_size=64, kernel=
 @contextlib.contextmanager
 def _gpu_kernels():
     """Swap the layers' kernel entry points for the GPU kernels' saved-tensor stand-ins."""
-    saved = swa_module.sliding_window_attention, mlstm_module.mlstm_chunkwise
-    swa_module.sliding_window_attention, mlstm_module.mlstm_chunkwise = _gpu_attention, _gpu_mlstm
+    saved = attention_module.sliding_window_attention, mlstm_module.mlstm_chunkwise
+    attention_module.sliding_window_attention, mlstm_module.mlstm_chunkwise = _gpu_attention, _gpu_mlstm
     try:
         yield
     finally:
-        swa_module.sliding_window_attention, mlstm_module.mlstm_chunkwise = saved
+        attention_module.sliding_window_attention, mlstm_module.mlstm_chunkwise = saved
 
 
 def _storage_key(t: torch.Tensor):
