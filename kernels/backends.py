@@ -32,6 +32,7 @@ DEFAULTS = {op: "auto" for op in CHOICES}
 ENV_CHOICES = ("auto", "torch", "triton")
 TRITON_MAX_SINKS = 64  # the Triton SWA kernel's key block: sinks must fit in one
 TRITON_MLSTM_CHUNKS = (16, 32, 64, 128)
+TRITON_MLSTM_MIN_HEAD_DIM = 16  # the smallest tl.dot tile
 # fp32 at head dim 256: the SWA dk/dv kernel needs 272 KiB of shared memory per block, more than any GPU has (Hopper:
 # 227 KiB; figures from compiling the kernels for sm_90).
 TRITON_FP32_MAX_HEAD_DIM = 128
@@ -66,7 +67,7 @@ def triton_dot_precision(dtype) -> str:
 
 
 def triton_mlstm_fits(qk_head_dim: int, v_head_dim: int, chunk_size: int) -> bool:
-    return min(qk_head_dim, v_head_dim) >= 16 and chunk_size in TRITON_MLSTM_CHUNKS
+    return min(qk_head_dim, v_head_dim) >= TRITON_MLSTM_MIN_HEAD_DIM and chunk_size in TRITON_MLSTM_CHUNKS
 
 
 def flash_fits(head_dim: int) -> bool:
@@ -104,8 +105,9 @@ def check_choices(kernels: dict, *, uses_attention: bool, uses_mlstm: bool, attn
     if mlstm == "triton" and not installed("triton"):
         problems.append(("kernels.mlstm", "triton needs the package triton, which is not installed"))
     if mlstm == "triton" and not triton_mlstm_fits(mlstm_qk_head_dim, mlstm_v_head_dim, chunk_size):
-        problems.append(("kernels.mlstm", f"triton takes head dims >= 16 and chunk_size in {TRITON_MLSTM_CHUNKS} "
-                         f"(q/k head dim {mlstm_qk_head_dim}, v head dim {mlstm_v_head_dim}, chunk {chunk_size})"))
+        problems.append(("kernels.mlstm", f"triton takes head dims >= {TRITON_MLSTM_MIN_HEAD_DIM} and chunk_size in "
+                         f"{TRITON_MLSTM_CHUNKS} (q/k head dim {mlstm_qk_head_dim}, v head dim {mlstm_v_head_dim}, "
+                         f"chunk {chunk_size})"))
     if uses_deltanet and kernels["deltanet"] == "fla" and not installed("fla"):
         problems.append(("kernels.deltanet", "fla needs the package flash-linear-attention, which is not installed"))
     return problems

@@ -109,6 +109,14 @@ def test_mlstm_triton_matches_torch(T, H, dqk, dv, chunk, gates):
         assert rel < 1e-2, float(rel)
 
 
+@pytest.mark.parametrize("case,seed", [("i=-f", 0), ("i=-f", 1), ("write_all", 0)])
+def test_mlstm_triton_gradients_at_the_soft_cap_match_fp64(case, seed):
+    # The CPU test of the exact backward (tests/test_mlstm_triton.py), compiled: fp32 dots are exact there too.
+    from tests.test_mlstm_triton import assert_exact_at_the_soft_cap, saturated_grad_errors
+
+    assert_exact_at_the_soft_cap(saturated_grad_errors(case, seed, device="cuda"))
+
+
 def test_mlstm_auto_is_triton_on_cuda():
     q = torch.zeros(1, 64, 2, 64, device="cuda")
     assert backends.mlstm_backend("auto", is_cuda=q.is_cuda, qk_head_dim=64, v_head_dim=64, chunk_size=64) == "triton"
