@@ -14,7 +14,8 @@ SWAX_KERNELS=triton asks for fla there (its kernels are Triton).
 Decisions:
 - `check_choices` runs when the config is built (start-up), so a backend that is not installed, a head dim it
   cannot take or sinks it has none of is one line naming the field, not a failure at the first GPU forward. It
-  returns (field, message) pairs and raises nothing, so config.py wraps them in its own ConfigError.
+  returns (field, message) pairs and raises nothing, so config.py wraps them in its own ConfigError. `check_run`
+  does the same once the trainer is built (the CLI's start-up), for what depends on its device and precision.
 - Sink counts are clamped to the sequence length before the 64-sink limit of the Triton kernel is applied (at run
   time, where T is known); the config check can only use n_sink itself.
 """
@@ -110,6 +111,47 @@ def check_choices(kernels: dict, *, uses_attention: bool, uses_mlstm: bool, attn
                          f"chunk {chunk_size})"))
     if uses_deltanet and kernels["deltanet"] == "fla" and not installed("fla"):
         problems.append(("kernels.deltanet", "fla needs the package flash-linear-attention, which is not installed"))
+    return problems
+
+
+def effective_choices(kernels: dict) -> dict:
+    """The backend each operation will be asked for: SWAX_KERNELS when set (`triton` meaning fla's Triton kernels for
+    the gated delta rule), else the config's choice."""
+    env = env_override()
+    if env is None:
+        return dict(kernels)
+    return {op: "fla" if op == "deltanet" and env == "triton" else env for op in kernels}
+
+
+def check_run(kernels: dict, *, uses_attention: bool, uses_mlstm: bool, uses_deltanet: bool, attn_head_dim: int,
+              on_cuda: bool, fp32: bool, training: bool) -> list[tuple[str, str]]:
+    """(field, message) for every chosen backend the run cannot use on its device and precision (the trainer's,
+    known at start-up): the GPU-only backends on a CPU trainer (the Triton kernels run there only through the
+    interpreter, TRITON_INTERPRET=1, set for tests), FlexAttention's missing CPU backward in training, and the
+    Triton SWA in fp32 above head dim 128 (refused by the kernel on every device)."""
+    chosen = effective_choices(kernels)
+    source = f" (SWAX_KERNELS={env_override()})" if env_override() else ""
+    used = {"attention": uses_attention, "mlstm": uses_mlstm, "deltanet": uses_deltanet}
+    interpreter = os.environ.get("TRITON_INTERPRET") == "1"
+    problems = []
+    for op, choice in chosen.items():
+        if not used.get(op):
+            continue
+        needs_gpu = {"flash": "flash-attn's kernels",
+                     "fla": "fla's kernels (they do not run in the Triton interpreter)",
+                     "triton": None if interpreter else "the own Triton kernels (the CPU runs them only through the "
+                                                        "interpreter, TRITON_INTERPRET=1, for tests)"}.get(choice)
+        if needs_gpu and not on_cuda:
+            problems.append((f"kernels.{op}", f"{choice}{source} needs a CUDA GPU for {needs_gpu}, and the trainer "
+                             f"runs on the CPU: use auto or torch, or --trainer.accelerator gpu"))
+        if op == "attention" and choice == "flex" and training and not on_cuda:
+            problems.append(("kernels.attention", f"flex{source} has no backward on the CPU (FlexAttention): fit on "
+                             f"the CPU with auto, torch or sdpa"))
+    if (uses_attention and chosen["attention"] == "triton" and fp32
+            and attn_head_dim > TRITON_FP32_MAX_HEAD_DIM):
+        problems.append(("kernels.attention", f"triton{source} in fp32 takes head dims up to "
+                         f"{TRITON_FP32_MAX_HEAD_DIM} (got {attn_head_dim}; its backward would need more shared "
+                         f"memory than a GPU has): train in bf16-mixed, or use auto, torch or flex"))
     return problems
 
 
