@@ -2,14 +2,16 @@
 
 Choices per operation (the model config's `kernels` field; SWAX_KERNELS=auto|torch|triton overrides every op):
     attention  auto | torch | triton | flash | flex | sdpa
-    mlstm      auto | torch | triton
+    mlstm      auto | torch | triton | tfla
     deltanet   auto | torch | fla
 `auto` for attention: full causal (no window, or W >= T) -> SDPA is_causal (flash / cuDNN on GPU, the fused kernel
 on CPU); a window on CPU -> the blocked PyTorch path; a window without sinks on CUDA -> flash-attn when installed
 (fp16 / bf16), else the own Triton kernel; sinks on CUDA -> the own Triton kernel. Anything a kernel cannot take
 (head dim, too many sinks, a chunk size) falls back to the PyTorch path under `auto`. `auto` for the gated delta
 rule: fla's chunk_gated_delta_rule on CUDA when flash-linear-attention is installed, else the PyTorch forms;
-SWAX_KERNELS=triton asks for fla there (its kernels are Triton).
+SWAX_KERNELS=triton asks for fla there (its kernels are Triton). `auto` for the mLSTM: on CUDA the backend
+MLSTM_AUTO_MEASURED names for the head shape (the fastest measured there), else the own Triton kernel where it fits;
+the PyTorch chunkwise form on CPU. `tfla` is NX-AI's TFLA kernel (mlstm_kernels, kernels/mlstm/tfla.py).
 
 Decisions:
 - `check_choices` runs when the config is built (start-up), so a backend that is not installed, a head dim it
@@ -26,7 +28,7 @@ import os
 
 CHOICES = {
     "attention": ("auto", "torch", "triton", "flash", "flex", "sdpa"),
-    "mlstm": ("auto", "torch", "triton"),
+    "mlstm": ("auto", "torch", "triton", "tfla"),
     "deltanet": ("auto", "torch", "fla"),
 }
 DEFAULTS = {op: "auto" for op in CHOICES}
@@ -34,6 +36,14 @@ ENV_CHOICES = ("auto", "torch", "triton")
 TRITON_MAX_SINKS = 64  # the Triton SWA kernel's key block: sinks must fit in one
 TRITON_MLSTM_CHUNKS = (16, 32, 64, 128)
 TRITON_MLSTM_MIN_HEAD_DIM = 16  # the smallest tl.dot tile
+TFLA_CHUNKS = (16, 32, 64, 128, 256)  # mlstm_kernels' xl_chunk: powers of two from its 16-step minimum
+TFLA_MIN_HEAD_DIM = 16
+# `auto` for the mLSTM on CUDA: per (q/k head dim, v head dim), the backend measured fastest in forward + backward
+# (benchmarks/mlstm_kernel.py, bf16, T 4k-64k, one H200, 2026-11-30). Only the own Triton kernel and the PyTorch path
+# have been measured (the own kernel 43-99x faster); TFLA has not run on a GPU yet, so no shape picks it. A shape not
+# listed takes the own Triton kernel where it fits: its backward is also the one exact with the norm's eps (TFLA's,
+# like most mLSTM kernels', holds the normaliser and stabiliser constant: tests/test_mlstm_tfla.py).
+MLSTM_AUTO_MEASURED = {(128, 128): "triton", (256, 512): "triton"}
 # fp32 at head dim 256: the SWA dk/dv kernel needs 272 KiB of shared memory per block, more than any GPU has (Hopper:
 # 227 KiB; figures from compiling the kernels for sm_90).
 TRITON_FP32_MAX_HEAD_DIM = 128
@@ -69,6 +79,11 @@ def triton_dot_precision(dtype) -> str:
 
 def triton_mlstm_fits(qk_head_dim: int, v_head_dim: int, chunk_size: int) -> bool:
     return min(qk_head_dim, v_head_dim) >= TRITON_MLSTM_MIN_HEAD_DIM and chunk_size in TRITON_MLSTM_CHUNKS
+
+
+def tfla_fits(qk_head_dim: int, v_head_dim: int, chunk_size: int) -> bool:
+    return (min(qk_head_dim, v_head_dim) >= TFLA_MIN_HEAD_DIM and qk_head_dim % 16 == 0 and v_head_dim % 16 == 0
+            and chunk_size in TFLA_CHUNKS)
 
 
 def flash_fits(head_dim: int) -> bool:
@@ -109,6 +124,13 @@ def check_choices(kernels: dict, *, uses_attention: bool, uses_mlstm: bool, attn
         problems.append(("kernels.mlstm", f"triton takes head dims >= {TRITON_MLSTM_MIN_HEAD_DIM} and chunk_size in "
                          f"{TRITON_MLSTM_CHUNKS} (q/k head dim {mlstm_qk_head_dim}, v head dim {mlstm_v_head_dim}, "
                          f"chunk {chunk_size})"))
+    if mlstm == "tfla" and not installed("mlstm_kernels"):
+        problems.append(("kernels.mlstm", "tfla needs the package mlstm_kernels, which is not installed (bash "
+                         "setup.sh tfla, or the gpu extra)"))
+    if mlstm == "tfla" and not tfla_fits(mlstm_qk_head_dim, mlstm_v_head_dim, chunk_size):
+        problems.append(("kernels.mlstm", f"tfla takes head dims that are multiples of 16 and chunk_size in "
+                         f"{TFLA_CHUNKS} (q/k head dim {mlstm_qk_head_dim}, v head dim {mlstm_v_head_dim}, "
+                         f"chunk {chunk_size})"))
     if uses_deltanet and kernels["deltanet"] == "fla" and not installed("fla"):
         problems.append(("kernels.deltanet", "fla needs the package flash-linear-attention, which is not installed"))
     return problems
@@ -140,7 +162,9 @@ def check_run(kernels: dict, *, uses_attention: bool, uses_mlstm: bool, uses_del
         needs_gpu = {"flash": "flash-attn's kernels",
                      "fla": "fla's kernels (they do not run in the Triton interpreter)",
                      "triton": None if interpreter else "the own Triton kernels (the CPU runs them only through the "
-                                                        "interpreter, TRITON_INTERPRET=1, for tests)"}.get(choice)
+                                                        "interpreter, TRITON_INTERPRET=1, for tests)",
+                     "tfla": None if interpreter else "TFLA's Triton kernels (the CPU runs them only through the "
+                                                      "interpreter, TRITON_INTERPRET=1, for tests)"}.get(choice)
         if needs_gpu and not on_cuda:
             problems.append((f"kernels.{op}", f"{choice}{source} needs a CUDA GPU for {needs_gpu}, and the trainer "
                              f"runs on the CPU: use auto or torch, or --trainer.accelerator gpu"))
@@ -175,11 +199,18 @@ def attention_backend(choice: str, *, is_cuda: bool, dtype, head_dim: int, T: in
 
 
 def mlstm_backend(choice: str, *, is_cuda: bool, qk_head_dim: int, v_head_dim: int, chunk_size: int) -> str:
-    """The concrete mLSTM backend for one call: torch | triton."""
+    """The concrete mLSTM backend for one call: torch | triton | tfla."""
     choice = env_override() or choice
     if choice != "auto":
         return choice
-    return "triton" if is_cuda and triton_mlstm_fits(qk_head_dim, v_head_dim, chunk_size) else "torch"
+    if not is_cuda:
+        return "torch"
+    fits = {"triton": triton_mlstm_fits(qk_head_dim, v_head_dim, chunk_size),
+            "tfla": installed("mlstm_kernels") and tfla_fits(qk_head_dim, v_head_dim, chunk_size)}
+    measured = MLSTM_AUTO_MEASURED.get((qk_head_dim, v_head_dim))
+    if measured and fits[measured]:
+        return measured
+    return "triton" if fits["triton"] else "torch"
 
 
 def deltanet_backend(choice: str, *, is_cuda: bool) -> str:

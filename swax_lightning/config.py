@@ -96,7 +96,7 @@ class ModelConfig:
         igate_bias_init: Initial bias of the mLSTM input gate (xLSTM-7B: -10).
         fgate_bias_init: (low, high): the mLSTM forget-gate biases are spread linearly over the heads (xLSTM: 3..6).
         kernels: Compute backend per operation, e.g. {attention: flash, mlstm: triton}; omitted operations are
-            `auto`. attention: auto|torch|triton|flash|flex|sdpa, mlstm: auto|torch|triton, deltanet:
+            `auto`. attention: auto|torch|triton|flash|flex|sdpa, mlstm: auto|torch|triton|tfla, deltanet:
             auto|torch|fla (kernels/backends.py says what auto picks). The environment variable
             SWAX_KERNELS=auto|torch|triton overrides every operation. A run-time choice: it changes no weight.
     """

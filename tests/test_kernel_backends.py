@@ -157,6 +157,7 @@ def test_own_kernels_compile_for_hopper_within_its_shared_memory():
 @pytest.mark.parametrize("kernels,device,precision,training,interpreter,refused", [
     ({"attention": "triton", "mlstm": "triton"}, "cpu", "32-true", True, "1", None),     # the interpreter: tests
     ({"attention": "triton"}, "cpu", "32-true", True, "0", "kernels.attention: triton needs a CUDA GPU"),
+    ({"mlstm": "tfla"}, "cpu", "32-true", True, "0", "kernels.mlstm: tfla needs a CUDA GPU"),
     ({"attention": "flash"}, "cpu", "bf16-mixed", False, "1", "kernels.attention: flash needs a CUDA GPU"),
     ({"attention": "flex"}, "cpu", "32-true", False, "0", None),                        # inference: forward only
     ({"attention": "flex"}, "cpu", "32-true", True, "0", "kernels.attention: flex has no backward on the CPU"),
