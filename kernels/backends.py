@@ -34,6 +34,7 @@ CHOICES = {
 DEFAULTS = {op: "auto" for op in CHOICES}
 ENV_CHOICES = ("auto", "torch", "triton")
 TRITON_MAX_SINKS = 64  # the Triton SWA kernel's key block: sinks must fit in one
+TRITON_SWA_HEAD_DIMS = (16, 256)  # powers of two in this range
 TRITON_MLSTM_CHUNKS = (16, 32, 64, 128)
 TRITON_MLSTM_MIN_HEAD_DIM = 16  # the smallest tl.dot tile
 TFLA_CHUNKS = (16, 32, 64, 128, 256)  # mlstm_kernels' xl_chunk: powers of two from its 16-step minimum
@@ -66,7 +67,8 @@ def env_override() -> str | None:
 def triton_attention_fits(head_dim: int, n_sink: int, dtype=None) -> bool:
     """dtype None: any the kernel takes at some precision (the config check, before the precision is known)."""
     fp32 = dtype is not None and dtype.itemsize >= 4
-    return (16 <= head_dim <= (TRITON_FP32_MAX_HEAD_DIM if fp32 else 256) and head_dim & (head_dim - 1) == 0
+    low, high = TRITON_SWA_HEAD_DIMS
+    return (low <= head_dim <= (TRITON_FP32_MAX_HEAD_DIM if fp32 else high) and head_dim & (head_dim - 1) == 0
             and n_sink <= TRITON_MAX_SINKS)
 
 
@@ -110,8 +112,9 @@ def check_choices(kernels: dict, *, uses_attention: bool, uses_mlstm: bool, attn
         problems.append(("kernels.attention", f"{attention} needs the package "
                          f"{'flash-attn' if attention == 'flash' else 'triton'}, which is not installed"))
     if attention == "triton" and not triton_attention_fits(attn_head_dim, n_sink):
-        problems.append(("kernels.attention", f"triton takes head dims that are powers of two in [16, 256] and at "
-                         f"most {TRITON_MAX_SINKS} sinks (head dim {attn_head_dim}, n_sink {n_sink})"))
+        problems.append(("kernels.attention", f"triton takes head dims that are powers of two in "
+                         f"{list(TRITON_SWA_HEAD_DIMS)} and at most {TRITON_MAX_SINKS} sinks "
+                         f"(head dim {attn_head_dim}, n_sink {n_sink})"))
     if attention == "flash" and not flash_fits(attn_head_dim):
         problems.append(("kernels.attention",
                          f"flash takes head dims <= 256 and a multiple of 8 (got {attn_head_dim})"))
