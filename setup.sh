@@ -4,6 +4,8 @@
 #   bash setup.sh eval   also the optional lm-evaluation-harness group (requirements-eval.txt, +0.6 GB)
 #   bash setup.sh hf     also Hugging Face transformers, for swax-export's load-back and its test (requirements-hf.txt)
 #   bash setup.sh wandb  also Weights & Biases, for a WandbLogger (requirements-wandb.txt)
+#   bash setup.sh tfla   also NX-AI's TFLA mLSTM kernels, `mlstm: tfla` (requirements-tfla.txt; tested on CPU in the
+#                        Triton interpreter)
 # requirements.txt resolves normally (torch pinned), then requirements-nodeps.txt goes in with --no-deps so that
 # litdata's unpinned torchvision is never resolved (docs/design.md section 6).
 set -euo pipefail

@@ -4,9 +4,10 @@
     TRITON_INTERPRET=1 python benchmarks/mlstm_kernel.py --device cpu --dtype float32 --lengths 128 \\
         --shapes 2x32x32                       # smoke test of the script itself on a CPU
 
-Implementations: this repo's Triton kernel (kernels/mlstm/triton.py) and the PyTorch chunkwise path
-(kernels/mlstm/chunk.py); any other implementation can be added to `implementations()` where installed. Shapes are
-HEADSxDQKxDV (default: the xLSTM-7B layer, 8x256x512, and 8x64x128), batch 1, chunk 64. The output of each is
+Implementations: this repo's Triton kernel (kernels/mlstm/triton.py), the PyTorch chunkwise path
+(kernels/mlstm/chunk.py) and NX-AI's TFLA kernel (kernels/mlstm/tfla.py, where mlstm_kernels is installed; at its own
+default chunk, --tfla_chunk 128); --impls picks some. Shapes are HEADSxDQKxDV (default: the xLSTM-7B layer,
+8x256x512, and 8x64x128), batch 1, chunk 64 for the others. The output of each is
 compared with the PyTorch chunkwise path in fp32 (max abs error of h); the backward is timed through a per-head
 RMSNorm, as in the model. One JSON line per measurement, then a table. Budget on one H200: about 3 minutes.
 """
@@ -26,11 +27,17 @@ from swax_lightning.kernels.mlstm.chunk import mlstm_chunkwise  # noqa: E402
 from benchmarks.common import measure  # noqa: E402
 
 
-def implementations(chunk: int):
+def implementations(chunk: int, tfla_chunk: int):
+    from swax_lightning.kernels import backends
     from swax_lightning.kernels.mlstm.triton import mlstm_chunkwise_triton
 
-    return {"triton (ours)": lambda *a: mlstm_chunkwise_triton(*a, chunk_size=chunk)[0],
-            "pytorch chunkwise": lambda *a: mlstm_chunkwise(*a, chunk_size=chunk)[0]}
+    impls = {"triton (ours)": lambda *a: mlstm_chunkwise_triton(*a, chunk_size=chunk)[0],
+             "pytorch chunkwise": lambda *a: mlstm_chunkwise(*a, chunk_size=chunk)[0]}
+    if backends.installed("mlstm_kernels"):
+        from swax_lightning.kernels.mlstm.tfla import mlstm_chunkwise_tfla
+
+        impls["tfla (NX-AI)"] = lambda *a: mlstm_chunkwise_tfla(*a, chunk_size=tfla_chunk)[0]
+    return impls
 
 
 def main() -> None:
@@ -40,6 +47,9 @@ def main() -> None:
     parser.add_argument("--lengths", nargs="+", type=int, default=[4096, 16384, 65536])
     parser.add_argument("--shapes", nargs="+", default=["8x256x512", "8x64x128"])
     parser.add_argument("--chunk", type=int, default=64)
+    parser.add_argument("--tfla_chunk", type=int, default=128, help="TFLA's chunk (its own default: 128)")
+    parser.add_argument("--impls", nargs="+", default=None,
+                        help="only these implementations (names as in the table, e.g. 'triton (ours)' 'tfla (NX-AI)')")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     rows = []
@@ -51,7 +61,9 @@ def main() -> None:
             q, k, v = rnd(1, T, H, dqk).to(dtype), rnd(1, T, H, dqk).to(dtype), rnd(1, T, H, dv).to(dtype)
             i_pre, f_pre = rnd(1, T, H) - 3.0, rnd(1, T, H) + 4.0
             reference = mlstm_chunkwise(q.float(), k.float(), v.float(), i_pre, f_pre, chunk_size=args.chunk)[0]
-            for name, fn in implementations(args.chunk).items():
+            for name, fn in implementations(args.chunk, args.tfla_chunk).items():
+                if args.impls and name not in args.impls:
+                    continue
                 row = {"impl": name, "shape": shape, "T": T}
                 measure(row, fn, [q, k, v, i_pre, f_pre], reference,
                         lambda out: F.rms_norm(out.float(), (dv,)).sum(), args.device)  # as in the layer

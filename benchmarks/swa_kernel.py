@@ -79,6 +79,8 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--head_dim", type=int, default=128)
     parser.add_argument("--max_dense", type=int, default=16384, help="longest T for the dense-mask baseline")
+    parser.add_argument("--impls", nargs="+", default=None,
+                        help="only these implementations (table names, e.g. 'triton (ours)' 'flex attention')")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     rows = []
@@ -90,6 +92,8 @@ def main() -> None:
             reference = swa_blocked(q.float(), k.float(), v.float(), W, args.n_sink)
             flops = 4 * args.head_dim * visible_pairs(T, W, args.n_sink) * args.batch * args.heads
             for name, fn in implementations(W, args.n_sink, T, args.device, args.max_dense).items():
+                if args.impls and name not in args.impls:
+                    continue
                 row = {"impl": name, "T": T, "W": W, "n_sink": args.n_sink if name != "flash-attn" else 0}
                 grad = torch.randn_like(q)
                 measure(row, fn, [q, k, v], reference if row["n_sink"] == args.n_sink else None,

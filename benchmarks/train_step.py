@@ -6,9 +6,10 @@
 
 One step = forward with the chunked loss + backward + AdamW, bf16 autocast with fp32 weights (what bf16-mixed
 training does), activation checkpointing on every block (--no_checkpointing to switch it off), kernels as the config
-chooses them (auto). The figure is the median of --steps timed steps after --warmup untimed ones. MFU = analytic
-FLOPs of the step at the window used (swax_lightning/throughput.py) / time / --peak_tflops (H200 / H100 SXM dense
-bf16: 989). Peak memory is torch.cuda.max_memory_allocated.
+chooses them (auto) unless --kernels names some (e.g. mlstm=tfla), every block compiled with torch.compile under
+--compile (the Triton kernels inside stay as they are). The figure is the median of --steps timed steps after
+--warmup untimed ones. MFU = analytic FLOPs of the step at the window used (swax_lightning/throughput.py) / time /
+--peak_tflops (H200 / H100 SXM dense bf16: 989). Peak memory is torch.cuda.max_memory_allocated.
 """
 from __future__ import annotations
 
@@ -40,12 +41,20 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--no_checkpointing", action="store_true")
     parser.add_argument("--peak_tflops", type=float, default=989.0)
+    parser.add_argument("--kernels", nargs="+", default=[], metavar="OP=BACKEND",
+                        help="backends over the config's, e.g. mlstm=tfla")
+    parser.add_argument("--compile", action="store_true", help="torch.compile every block")
     args = parser.parse_args()
-    cfg = ModelConfig(**yaml.safe_load(Path(args.config).read_text())["arch"])
+    arch = yaml.safe_load(Path(args.config).read_text())["arch"]
+    arch["kernels"] = {**arch.get("kernels", {}), **dict(choice.split("=", 1) for choice in args.kernels)}
+    cfg = ModelConfig(**arch)
     window = args.window or cfg.window
     with torch.device(args.device):
         model = build_local(cfg, seed=0, activation_checkpointing=not args.no_checkpointing)
     model.set_window(window)
+    if args.compile:
+        for block in model.blocks:
+            block.compile()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=args.device == "cuda")
     data = torch.randint(0, cfg.vocab_size, (args.batch, args.seq + 1), device=args.device)
     dtype = getattr(torch, args.dtype)
@@ -71,7 +80,8 @@ def main() -> None:
     print(json.dumps({
         "config": args.config, "params": sum(p.numel() for p in model.parameters()), "batch": args.batch,
         "seq": args.seq, "window": window, "activation_checkpointing": not args.no_checkpointing,
-        "kernels": cfg.kernels, "step_s": round(seconds, 4), "tokens_per_s": round(args.batch * args.seq / seconds),
+        "kernels": cfg.kernels, "compile": args.compile, "step_s": round(seconds, 4),
+        "tokens_per_s": round(args.batch * args.seq / seconds),
         "tflops_per_s": round(flops / seconds / 1e12, 1), "mfu": round(flops / seconds / 1e12 / args.peak_tflops, 4),
         "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if args.device == "cuda" else None}))
 

@@ -8,12 +8,13 @@ implementation themselves. Each kernel lives beside its slow reference (flash-li
     kernels/swa/triton.py     Triton forward + backward, O(T * W): the GPU path
     kernels/mlstm/chunk.py    chunkwise form in PyTorch, O(T * chunk): the CPU / autograd path
     kernels/mlstm/triton.py   chunkwise Triton forward + backward with state in and out: the GPU path
+    kernels/mlstm/tfla.py     NX-AI's TFLA chunkwise Triton kernels (mlstm_kernels; optional extra, CUDA)
     kernels/deltanet/naive.py gated delta rule, recurrent step and loop: reference and decode step
     kernels/deltanet/chunk.py chunkwise (WY / UT-transform) form in PyTorch: the training path (no Triton yet)
     kernels/swa/flash.py      flash-attn's window (optional extra, CUDA, no sinks)
     kernels/swa/flex.py       FlexAttention with a sliding-window-plus-sinks block mask (compiled, GPU)
 The backend is chosen per call from the layer's config choice (ModelConfig.kernels: auto, torch, triton, flash,
-flex, sdpa for attention; auto, torch, triton for the mLSTM), overridden for every operation by the environment
+flex, sdpa for attention; auto, torch, triton, tfla for the mLSTM), overridden for every operation by the environment
 variable SWAX_KERNELS=auto|torch|triton when it is set. What `auto` picks and what each backend can take is in
 kernels/backends.py; `triton` on CPU tensors needs TRITON_INTERPRET=1 set before triton is imported (the
 interpreter, for tests).
@@ -37,6 +38,7 @@ _IMPLS = {  # backend name -> (module, function), imported on first use so CPU r
     "flash": ("swax_lightning.kernels.swa.flash", "swa_flash"),
     "flex": ("swax_lightning.kernels.swa.flex", "swa_flex"),
     "mlstm_triton": ("swax_lightning.kernels.mlstm.triton", "mlstm_chunkwise_triton"),
+    "mlstm_tfla": ("swax_lightning.kernels.mlstm.tfla", "mlstm_chunkwise_tfla"),
     "deltanet_fla": ("swax_lightning.kernels.deltanet.fla", "gated_delta_chunkwise_fla"),
 }
 
@@ -82,6 +84,8 @@ def mlstm_chunkwise(q, k, v, i_pre, f_pre, initial_state: MLSTMState | None = No
     if name == "triton":
         return _impl("mlstm_triton")(q, k, v, i_pre, f_pre, initial_state, chunk_size,
                                      recompute_states=recompute_states)
+    if name == "tfla":  # recomputes the chunk states in its backward always
+        return _impl("mlstm_tfla")(q, k, v, i_pre, f_pre, initial_state, chunk_size)
     return _mlstm_chunkwise_torch(q, k, v, i_pre, f_pre, initial_state, chunk_size)
 
 

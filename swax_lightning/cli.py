@@ -145,13 +145,15 @@ class SwaxCLI(LightningCLI):
 
     def instantiate_classes(self) -> None:
         """The constructors validate their arguments: what they reject is a configuration error; so are a distributed
-        checkpoint given to a strategy that cannot load it and a model-parallel mesh that is not data-parallel over
-        every rank."""
+        checkpoint given to a strategy that cannot load it, a model-parallel mesh that is not data-parallel over
+        every rank, and a kernel backend the trainer's device or precision cannot run (ModelConfig.check_run)."""
         try:
             super().instantiate_classes()
             if self.subcommand:
                 refuse_unloadable_checkpoint(self.config[self.subcommand].get("ckpt_path"), self.trainer.strategy)
                 refuse_replica_mesh(self.trainer.strategy)
+            self.model.arch.check_run(self.trainer.strategy.root_device.type, self.trainer.precision,
+                                      training=self.subcommand == "fit")
         except (ValueError, FileNotFoundError) as err:
             if isinstance(err, ConfigError):
                 raise

@@ -96,9 +96,9 @@ class ModelConfig:
         igate_bias_init: Initial bias of the mLSTM input gate (xLSTM-7B: -10).
         fgate_bias_init: (low, high): the mLSTM forget-gate biases are spread linearly over the heads (xLSTM: 3..6).
         kernels: Compute backend per operation, e.g. {attention: flash, mlstm: triton}; omitted operations are
-            `auto`. attention: auto|torch|triton|flash|flex|sdpa, mlstm: auto|torch|triton, deltanet: auto|torch|fla
-            (kernels/backends.py says what auto picks). The environment variable SWAX_KERNELS=auto|torch|triton
-            overrides every operation. A run-time choice: it changes no weight.
+            `auto`. attention: auto|torch|triton|flash|flex|sdpa, mlstm: auto|torch|triton|tfla, deltanet:
+            auto|torch|fla (kernels/backends.py says what auto picks). The environment variable
+            SWAX_KERNELS=auto|torch|triton overrides every operation. A run-time choice: it changes no weight.
     """
 
     vocab_size: int = 257
@@ -179,6 +179,18 @@ class ModelConfig:
             mlstm_qk_head_dim=int(self.mlstm_qk_factor * self.d_model) // self.mlstm_heads,
             mlstm_v_head_dim=int(self.mlstm_v_factor * self.d_model) // self.mlstm_heads, chunk_size=self.chunk_size,
             uses_deltanet="D" in used)
+        if problems:
+            name, message = problems[0]
+            raise ConfigError(f"ModelConfig.{name}: {message}")
+
+    def check_run(self, device_type: str, precision: str, training: bool) -> None:
+        """Refuses a backend the run cannot use on its trainer's device ("cpu", "cuda") and precision (Lightning's,
+        e.g. "32-true", "bf16-mixed"): one ConfigError naming the field (backends.check_run)."""
+        used = set(self.pattern)
+        problems = backends.check_run(
+            self.kernels, uses_attention=bool(used & {"S", "A"}), uses_mlstm="X" in used, uses_deltanet="D" in used,
+            attn_head_dim=self.attn_head_dim, on_cuda=device_type == "cuda",
+            fp32=str(precision).startswith(("32", "64")), training=training)
         if problems:
             name, message = problems[0]
             raise ConfigError(f"ModelConfig.{name}: {message}")

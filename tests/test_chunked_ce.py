@@ -1,10 +1,12 @@
-"""Chunked soft-capped cross-entropy against the plain loss (full logits), forward and backward, and the model's
-training loss through it equal to cross-entropy on the model's logits."""
+"""Chunked soft-capped cross-entropy against the plain loss (full logits), forward and backward, with ignored targets
+and under bf16 autocast (its backward's matmuls in bf16), and the model's training loss through it equal to
+cross-entropy on the model's logits."""
 import pytest
 import torch
 import torch.nn.functional as F
 from swax_lightning.kernels.ce.chunked import softcap_cross_entropy_chunked
 from swax_lightning.kernels.ce.naive import softcap_cross_entropy_reference
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from swax_lightning.config import ModelConfig
 from swax_lightning.model import SWAXModel
@@ -40,6 +42,60 @@ def test_bf16_inputs_match_the_plain_loss():
     for a, b in zip(torch.autograd.grad(out, (h, w)), torch.autograd.grad(ref, (h, w))):
         assert a.dtype == torch.bfloat16
         torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("ignore_index", [-100, 3])
+def test_ignored_targets_equal_torch_cross_entropy(ignore_index):
+    g = torch.Generator().manual_seed(2)
+    h = torch.randn(37, 16, generator=g, dtype=torch.float64).requires_grad_()
+    w = torch.randn(11, 16, generator=g, dtype=torch.float64).requires_grad_()
+    t = torch.randint(0, 11, (37,), generator=g)
+    t[::3] = ignore_index                                      # a third of the rows, in every chunk of 8
+    t[16:24] = ignore_index                                    # and one whole chunk
+    out = softcap_cross_entropy_chunked(h, w, t, 30.0, 8, ignore_index=ignore_index)
+    ref = softcap_cross_entropy_reference(h, w, t, 30.0, ignore_index=ignore_index)
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-12)
+    grads = torch.autograd.grad(out, (h, w))
+    for a, b in zip(grads, torch.autograd.grad(ref, (h, w))):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+    assert grads[0][::3].abs().max() == 0  # ignored rows get no gradient
+    everything_ignored = torch.full_like(t, ignore_index)
+    assert softcap_cross_entropy_chunked(h, w, everything_ignored, 30.0, 8, ignore_index=ignore_index).isnan()
+    assert softcap_cross_entropy_reference(h, w, everything_ignored, 30.0, ignore_index=ignore_index).isnan()
+
+
+class MatmulDtypes(TorchDispatchMode):
+    """Records the input dtypes of every matrix multiplication run inside it."""
+
+    MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default)
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in self.MATMULS:
+            self.seen.append({a.dtype for a in args if isinstance(a, torch.Tensor)})
+        return func(*args, **(kwargs or {}))
+
+
+def test_bf16_autocast_runs_the_backward_matmuls_in_bf16():
+    # fp32 weights under bf16 autocast (mixed precision): the backward's two gradient matmuls and its recomputed
+    # logits in bf16, as the forward's, and the result as the plain loss's under the same autocast.
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(50, 32, generator=g).requires_grad_()
+    w = (0.3 * torch.randn(70, 32, generator=g)).requires_grad_()
+    t = torch.randint(0, 70, (50,), generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = softcap_cross_entropy_chunked(h, w, t, 30.0, 16)
+        ref = softcap_cross_entropy_reference(h, w, t, 30.0)
+    with MatmulDtypes() as backward:
+        grads = torch.autograd.grad(out, (h, w))
+    assert len(backward.seen) == 3 * 4 and all(dtypes == {torch.bfloat16} for dtypes in backward.seen), backward.seen
+    assert [x.dtype for x in grads] == [torch.float32, torch.float32]
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    for a, b in zip(grads, torch.autograd.grad(ref, (h, w))):
+        torch.testing.assert_close(a, b, atol=1e-3, rtol=2e-2)
 
 
 def test_model_training_loss_is_cross_entropy_of_its_logits():

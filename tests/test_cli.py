@@ -153,6 +153,23 @@ def test_configuration_errors(tmp_path, capsys, args, expected):
     assert code == 2 and expected in _one_error_line(err)
 
 
+@pytest.mark.parametrize("interpreter,args,expected", [
+    ("0", ["--model.arch.kernels", "{attention: triton}"],
+     "ModelConfig.kernels.attention: triton needs a CUDA GPU"),
+    ("0", ["--model.arch.kernels", "{mlstm: triton}"], "ModelConfig.kernels.mlstm: triton needs a CUDA GPU"),
+    ("1", ["--model.arch.kernels", "{attention: flex}"],
+     "ModelConfig.kernels.attention: flex has no backward on the CPU"),
+    ("1", ["--model.arch.kernels", "{attention: triton}", "--model.arch.head_dim", "256", "--trainer.precision",
+           "32-true"], "ModelConfig.kernels.attention: triton in fp32 takes head dims up to 128 (got 256;"),
+])
+def test_a_backend_the_trainer_cannot_run_is_refused_at_start_up(tmp_path, capsys, monkeypatch, interpreter, args,
+                                                                 expected):
+    monkeypatch.setenv("TRITON_INTERPRET", interpreter)  # "0": a CPU machine as a user has it (no interpreter)
+    code, _, err = _in_process(capsys, "fit", *_overrides(tmp_path), "--trainer.accelerator", "cpu", *args)
+    line = _one_error_line(err)
+    assert code == 2 and expected in line and line.endswith("[model.arch.kernels set on the command line]"), line
+
+
 def test_error_names_the_file_of_an_extends_chain(tmp_path, capsys):
     arm = tmp_path / "arm.yaml"
     arm.write_text(f"extends: {ROOT / 'configs/tiny.yaml'}\narm: bad\nmodel:\n  arch:\n    window: 0\n")

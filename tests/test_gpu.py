@@ -1,10 +1,10 @@
 """GPU checks (`pytest -m gpu`, skipped without CUDA): every attention backend (own Triton, flash-attn, FlexAttention,
-dense SDPA, the blocked PyTorch path, full causal SDPA), both mLSTM backends and fla's gated delta rule run on
-CUDA against the PyTorch / fp64 references, forward and backward, on odd shapes; `auto` resolves to the backends
-it promises; the chunked loss on CUDA. Kernels that are not installed are skipped by name, never silently passed.
-benchmarks/gpu_check.sh runs these first, with the Triton interpreter off: `TRITON_INTERPRET=0 pytest -m gpu`.
-Under the interpreter (tests/conftest.py switches it on for the CPU tests) Triton kernels would run on the CPU,
-slowly and not as compiled: these tests then skip with that reason."""
+dense SDPA, the blocked PyTorch path, full causal SDPA), the mLSTM backends (own Triton, NX-AI's TFLA) and fla's gated
+delta rule run on CUDA against the PyTorch / fp64 references, forward and backward, on odd shapes; `auto` resolves to
+the backends it promises; the chunked loss on CUDA, its backward in bf16 under autocast. Kernels that are not
+installed are skipped by name, never silently passed. benchmarks/gpu_check.sh runs these first, with the Triton
+interpreter off: `TRITON_INTERPRET=0 pytest -m gpu`. Under the interpreter (tests/conftest.py switches it on for the
+CPU tests) Triton kernels would run on the CPU, slowly and not as compiled: these tests then skip with that reason."""
 import os
 
 import pytest
@@ -80,13 +80,20 @@ def test_auto_resolves_as_documented():
     assert pick(window=64, n_sink=0) == ("flash" if backends.installed("flash_attn") else "triton")
 
 
-@pytest.mark.parametrize("T,H,dqk,dv,chunk,gates", [
-    (1000, 2, 64, 128, 64, "moderate"),
-    (300, 2, 256, 512, 64, "moderate"),   # the xLSTM-7B head shape: tiled head dims
-    (300, 2, 64, 128, 128, "moderate"),   # fp32 at chunk 128: the largest shared-memory footprint
-    (257, 2, 32, 32, 16, "saturated"),    # the largest gates the layer can make (soft cap 15)
-])
-def test_mlstm_triton_matches_torch(T, H, dqk, dv, chunk, gates):
+MLSTM_SHAPES = [
+    pytest.param(1000, 2, 64, 128, 64, "moderate", id="T1000_64x128"),
+    pytest.param(300, 2, 256, 512, 64, "moderate", id="xlstm7b_head"),  # tiled head dims
+    pytest.param(257, 2, 32, 32, 16, "saturated", id="saturated"),     # the largest gates the layer makes (cap 15)
+    # fp32 at chunk 128: the largest shared-memory footprint, and the slowest compile (minutes): its own stage
+    pytest.param(300, 2, 64, 128, 128, "moderate", id="fp32_chunk128"),
+]
+
+
+@pytest.mark.parametrize("kernel", ["triton", "tfla"])
+@pytest.mark.parametrize("T,H,dqk,dv,chunk,gates", MLSTM_SHAPES)
+def test_mlstm_kernel_matches_torch(kernel, T, H, dqk, dv, chunk, gates):
+    if kernel == "tfla" and not backends.installed("mlstm_kernels"):
+        pytest.skip("mlstm_kernels is not installed")
     g = torch.Generator(device="cuda").manual_seed(0)
     make = lambda *s: torch.randn(*s, device="cuda", generator=g)
     q, k, v = make(1, T, H, dqk), make(1, T, H, dqk), make(1, T, H, dv)
@@ -96,8 +103,8 @@ def test_mlstm_triton_matches_torch(T, H, dqk, dv, chunk, gates):
     leaves = [x.requires_grad_() for x in (q, k, v)] + [i_pre, f_pre]
     norm = lambda h: torch.nn.functional.layer_norm(h, (h.shape[-1],), eps=1e-6)  # the layer's per-head norm
     outs = []
-    for kernel in ("triton", "torch"):
-        h, state = mlstm_chunkwise(*leaves, chunk_size=chunk, kernel=kernel)
+    for name in (kernel, "torch"):
+        h, state = mlstm_chunkwise(*leaves, chunk_size=chunk, kernel=name)
         y = norm(h)
         outs.append((y, state, torch.autograd.grad(y.square().sum(), leaves)))
     (y_t, s_t, g_t), (y_r, s_r, g_r) = outs
@@ -107,6 +114,14 @@ def test_mlstm_triton_matches_torch(T, H, dqk, dv, chunk, gates):
     for a, b in zip(g_t, g_r):
         rel = (a - b).norm() / b.norm().clamp_min(1e-12)
         assert rel < 1e-2, float(rel)
+
+
+@pytest.mark.parametrize("case,seed", [("i=-f", 0), ("i=-f", 1), ("write_all", 0)])
+def test_mlstm_triton_gradients_at_the_soft_cap_match_fp64(case, seed):
+    # The CPU test of the exact backward (tests/test_mlstm_triton.py), compiled: fp32 dots are exact there too.
+    from tests.test_mlstm_triton import assert_exact_at_the_soft_cap, saturated_grad_errors
+
+    assert_exact_at_the_soft_cap(saturated_grad_errors(case, seed, device="cuda"))
 
 
 def test_mlstm_auto_is_triton_on_cuda():
@@ -143,6 +158,22 @@ def test_deltanet_fla_matches_torch(T, dtype):
     for a, b in zip(g_f, g_t):
         rel = (a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12)
         assert rel < (1e-2 if dtype == torch.float32 else 5e-2), float(rel)
+
+
+def test_chunked_loss_backward_runs_in_bf16_under_autocast_on_cuda():
+    from swax_lightning.kernels.ce.chunked import softcap_cross_entropy_chunked
+
+    from tests.test_chunked_ce import MatmulDtypes
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    h = torch.randn(3000, 256, device="cuda", generator=g).requires_grad_()
+    w = (0.05 * torch.randn(50304, 256, device="cuda", generator=g)).requires_grad_()
+    t = torch.randint(0, 50304, (3000,), device="cuda", generator=g)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = softcap_cross_entropy_chunked(h, w, t, 30.0)
+    with MatmulDtypes() as backward:
+        torch.autograd.grad(out, (h, w))
+    assert backward.seen and all(dtypes == {torch.bfloat16} for dtypes in backward.seen), backward.seen
 
 
 def test_chunked_loss_on_cuda():

@@ -152,3 +152,38 @@ def test_own_kernels_compile_for_hopper_within_its_shared_memory():
                                            "_fwd_output_kernel", "_bwd_dstates_kernel", "_bwd_dqdk_kernel",
                                            "_bwd_dv_kernel"}
     assert all(0 < r["shared_kib"] <= 227 and not r["over_limit"] for r in rows), rows
+
+
+@pytest.mark.parametrize("kernels,device,precision,training,interpreter,refused", [
+    ({"attention": "triton", "mlstm": "triton"}, "cpu", "32-true", True, "1", None),     # the interpreter: tests
+    ({"attention": "triton"}, "cpu", "32-true", True, "0", "kernels.attention: triton needs a CUDA GPU"),
+    ({"mlstm": "tfla"}, "cpu", "32-true", True, "0", "kernels.mlstm: tfla needs a CUDA GPU"),
+    ({"attention": "flash"}, "cpu", "bf16-mixed", False, "1", "kernels.attention: flash needs a CUDA GPU"),
+    ({"attention": "flex"}, "cpu", "32-true", False, "0", None),                        # inference: forward only
+    ({"attention": "flex"}, "cpu", "32-true", True, "0", "kernels.attention: flex has no backward on the CPU"),
+    ({"attention": "triton", "mlstm": "triton"}, "cuda", "32-true", True, "0", None),
+])
+def test_run_check_refuses_what_the_device_cannot_run(monkeypatch, kernels, device, precision, training, interpreter,
+                                                      refused):
+    monkeypatch.setattr(backends, "installed", lambda module: True)
+    monkeypatch.setenv("TRITON_INTERPRET", interpreter)
+    cfg = ModelConfig(kernels=kernels)
+    if refused is None:
+        cfg.check_run(device, precision, training)
+    else:
+        with pytest.raises(ConfigError, match=f"ModelConfig.{refused}"):
+            cfg.check_run(device, precision, training)
+
+
+@pytest.mark.parametrize("precision,refused", [("32-true", True), ("64-true", True), ("bf16-mixed", False),
+                                               ("16-mixed", False)])
+def test_run_check_refuses_fp32_triton_attention_above_head_dim_128(monkeypatch, precision, refused):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    cfg = ModelConfig(head_dim=256, kernels={"attention": "triton"})
+    if refused:
+        with pytest.raises(ConfigError, match="triton in fp32 takes head dims up to 128"):
+            cfg.check_run("cuda", precision, training=True)
+    else:
+        cfg.check_run("cuda", precision, training=True)
+    monkeypatch.setenv("SWAX_KERNELS", "torch")  # the override wins over the config's choice
+    ModelConfig(head_dim=256, kernels={"attention": "triton"}).check_run("cuda", precision, training=True)

@@ -4,19 +4,27 @@ import pytest
 import swax_lightning.kernels.mlstm.triton as mlstm_triton_module
 import torch
 import torch.nn.functional as F
-from swax_lightning.kernels import mlstm_parallel, mlstm_recurrent
+from swax_lightning.kernels import mlstm_chunkwise, mlstm_parallel, mlstm_recurrent
 from swax_lightning.kernels.mlstm.triton import mlstm_chunkwise_triton
+from swax_lightning.kernels.util import soft_cap
 
 from swax_lightning import kernels
+from swax_lightning.building_blocks import MultiHeadLayerNorm
+from swax_lightning.config import ModelConfig
 
 TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.float16: dict(atol=2e-2, rtol=2e-2),
        torch.bfloat16: dict(atol=1e-1, rtol=5e-2)}
+# Half-precision gradients, norm-wise relative to fp64: 4x the dtype's unit roundoff. dh arrives rounded to the half
+# dtype, and the normaliser's term of the backward (dh_t.h_t) inherits that rounding, so single small elements move
+# by more than an elementwise bound while the whole gradient stays at the dtype's rounding (measured <= 9e-4 fp16,
+# <= 8e-3 bf16).
+HALF_GRAD_TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
 @pytest.fixture(autouse=True)
 def nan_outputs(monkeypatch):
-    monkeypatch.setattr(mlstm_triton_module, "new_like",
-                        lambda x, dtype=None: torch.full_like(x, float("nan"), dtype=dtype))
+    monkeypatch.setattr(mlstm_triton_module, "new_like", lambda x, dtype=None, shape=None: torch.full(
+        shape or x.shape, float("nan"), dtype=dtype or x.dtype))
 
 
 def _inputs(T, H, dqk, dv, dtype, seed=0, gate_scale=2.0):
@@ -54,7 +62,10 @@ def test_matches_reference_forward_backward_and_states(T, H, dqk, dv, chunk, dty
     ref_grads = torch.autograd.grad(_normed_loss(h_ref, weight), ref_args)
     for name, got, want in zip(["q", "k", "v", "i", "f"], grads, ref_grads):
         assert torch.isfinite(got).all(), name
-        torch.testing.assert_close(got.double(), want, **TOL[dtype], msg=lambda m: f"d{name}: {m}")
+        if dtype == torch.float32:
+            torch.testing.assert_close(got.double(), want, **TOL[dtype], msg=lambda m: f"d{name}: {m}")
+        else:  # norm-wise: see HALF_GRAD_TOL
+            assert (got.double() - want).norm() / want.norm() < HALF_GRAD_TOL[dtype], name
 
 
 @pytest.mark.parametrize("split", [7, 16, 30])
@@ -94,37 +105,71 @@ def test_dispatch_and_bad_shapes(monkeypatch):
         mlstm_chunkwise_triton(q[..., :8], k[..., :8], v, i_pre, f_pre)
 
 
-def _saturated_grad_errors(i_pre, f_pre, T=48, H=2, D=32):
-    """Relative (norm-wise) gradient errors of the Triton kernel against fp64 autograd of the parallel form, after
-    the model's per-head LayerNorm (eps 1e-6), at the given gate pre-activations; the cell's eps is the model's 1e-6."""
-    g = torch.Generator().manual_seed(0)
+def _at_the_cap(x: torch.Tensor) -> torch.Tensor:
+    return soft_cap(x, ModelConfig().gate_soft_cap)
+
+
+def _independent(g, shape):
+    return [_at_the_cap(100 * torch.randn(shape, generator=g)) for _ in range(2)]
+
+
+def _i_minus_f(g, shape):
+    i_pre = (torch.randint(0, 2, shape, generator=g) * 2.0 - 1) * _at_the_cap(40 + torch.randn(shape, generator=g))
+    return [i_pre, -i_pre]
+
+
+def _write_all(g, shape):
+    return [_at_the_cap(torch.full(shape, 100.0)), _at_the_cap(torch.full(shape, -100.0))]
+
+
+# Gate pre-activations (i~, f~) as the layer makes them at the soft cap 15, from a seeded generator: independent
+# large gates of either sign; i~ = -f~ with random signs per step (issue 31: write and forget everything, or keep
+# everything and write nothing); write and forget everything on every step.
+SATURATED = {"independent": _independent, "i=-f": _i_minus_f, "write_all": _write_all}
+
+
+def saturated_grad_errors(case, seed, device="cpu", kernel=mlstm_chunkwise_triton, T=48, H=2, D=32):
+    """Norm-wise relative gradient errors, against fp64 autograd of the parallel form, of a kernel (the own Triton
+    one unless given; same contract) and of the PyTorch chunkwise form in fp32 (autograd), after the model's per-head
+    LayerNorm with its eps; the cell's eps is the model's 1e-6. Chunks of 16 over 48 steps: state carried across
+    chunk boundaries. Inputs drawn on the CPU (the same on every device); tests/test_gpu.py runs it on CUDA."""
+    g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(2, T, H, D, generator=g) for _ in range(3))
-    args = [x.requires_grad_() for x in (q, k, v, i_pre(T, H, g), f_pre(T, H, g))]
-    h, _ = mlstm_chunkwise_triton(*args, chunk_size=16)
-    ref = [x.detach().double().requires_grad_() for x in args]
-    h_ref, _ = mlstm_parallel(*ref)
-    w = torch.randn(h.shape, generator=g, dtype=torch.float64)
-    loss = lambda h: (F.layer_norm(h.double(), (D,), eps=1e-6) * w).sum()
-    got, want = torch.autograd.grad(loss(h), args), torch.autograd.grad(loss(h_ref), ref)
-    return {n: float((a.double() - b).norm() / b.norm()) for n, a, b in zip("qkvif", got, want)}
+    inputs = [x.to(device) for x in (q, k, v, *SATURATED[case](g, (2, T, H)))]
+    norm = MultiHeadLayerNorm(H, D, ModelConfig().norm_eps).double().to(device)
+    w = torch.randn(2, T, H, D, generator=g, dtype=torch.float64).to(device)
+
+    def grads(form, dtype):
+        args = [x.to(dtype).requires_grad_() for x in inputs]
+        return torch.autograd.grad((norm(form(*args)[0].double()) * w).sum(), args)
+
+    want = grads(mlstm_parallel, torch.float64)
+    forms = {"triton": lambda *a: kernel(*a, chunk_size=16),
+             "torch": lambda *a: mlstm_chunkwise(*a, chunk_size=16)}
+    return {name: {n: float((a.double() - b).norm() / b.norm()) for n, a, b in zip("qkvif", grads(form, torch.float32),
+                                                                                  want)}
+            for name, form in forms.items()}
 
 
-def test_saturated_gates_at_the_soft_cap_have_bounded_gradient_error():
-    # Gates as the layer makes them at the soft cap (15 tanh(x / 15) of large x, both signs, random per step):
-    # measured 2e-6 (q, k), 6e-6 (i), 2e-5 (f) relative error; the bound leaves a 50x margin.
-    cap = lambda T, H, g: 15 * torch.tanh(100 * torch.randn(2, T, H, generator=g) / 15)
-    errors = _saturated_grad_errors(cap, cap)
-    assert max(errors.values()) < 1e-3, errors
+def assert_exact_at_the_soft_cap(errors: dict) -> None:
+    """dv, di, df of both forms within 1e-3 of fp64; dq, dk of the kernel within 5x of the PyTorch form's (the fp32
+    floor here: see the test below) or 1e-3."""
+    for form in ("triton", "torch"):
+        assert max(errors[form][n] for n in "vif") < 1e-3, errors
+    for n in "qk":
+        assert errors["triton"][n] < max(1e-3, 5 * errors["torch"][n]), errors
 
 
-@pytest.mark.xfail(strict=True, reason="known: at i = +15, f = -15 on every step (write everything, forget "
-                   "everything) the Triton backward is off by 4% (dq, dk) and 26% (di) against fp64; the PyTorch "
-                   "chunkwise path in fp32 is off by 0.7% (dq, dk) and 1e-5 (di) there, the output being nearly "
-                   "sign(q.k) v. Strict: this fails once the kernel is fixed, to tighten the bound above.")
-def test_write_all_forget_all_gates_gradient_error():
-    errors = _saturated_grad_errors(lambda T, H, g: torch.full((2, T, H), 14.99),
-                                    lambda T, H, g: torch.full((2, T, H), -14.99))
-    assert max(errors[n] for n in "qki") < 1e-2, errors
+@pytest.mark.parametrize("case,seed", [("independent", 0), ("i=-f", 0), ("i=-f", 1), ("i=-f", 2), ("write_all", 0)])
+def test_gradients_at_the_soft_cap_match_fp64(case, seed):
+    # The backward includes the normaliser's and the stabiliser's terms (the norm's eps makes them matter) and takes
+    # each dominant log-weight gradient as an exact sum minus the others: dv, di, df within 1e-3 of fp64 (measured
+    # 1e-7, <= 2e-5, <= 4e-5). dq and dk cannot be within 1e-3 in fp32 here: after the norm they are differences of
+    # nearly equal terms (h_t is nearly the dominant key's v), and fp32 autograd through the PyTorch chunkwise form
+    # is off by 3e-4 .. 3e-1 over seeds 0-9 (the parallel form by 3e-4 .. 8e-3); the kernel stays within 5x of the
+    # former (measured <= 3.7x). The old backward (normaliser and stabiliser held constant, gate gradients from
+    # q.dq - k.dk) was off by 6e-3 .. 7e-2 (dq, dk), 2e-2 .. 5e-2 (di) at i = -f.
+    assert_exact_at_the_soft_cap(saturated_grad_errors(case, seed))
 
 
 @pytest.mark.parametrize("with_initial_state", [False, True])
@@ -148,6 +193,6 @@ def test_recomputed_chunk_states_give_identical_gradients_and_save_less(with_ini
     (h0, g0, bytes0), (h1, g1, bytes1) = results[False], results[True]
     assert torch.equal(h0, h1) and all(torch.equal(a, b) for a, b in zip(g0, g1))
     chunks = -(-T // chunk)
-    chunk_states = 2 * H * chunks * (dqk * dv + 1) * 4  # (C, m) entering each chunk, fp32
+    chunk_states = 2 * H * chunks * (dqk * dv + dqk + 1) * 4  # (C, n, m) entering each chunk, fp32
     kept_initial = 2 * H * (dqk * dv + dqk + 1) * 4 if with_initial_state else 0  # recomputing needs (C0, n0, m0)
     assert bytes0 - bytes1 == chunk_states - kept_initial, (bytes0, bytes1, chunk_states, kept_initial)

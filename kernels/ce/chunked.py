@@ -1,16 +1,22 @@
 """Soft-capped cross-entropy over the LM head in chunks of rows: the training loss, without the [N, V] logits.
 
 Forward: for each chunk of `rows` hidden states, logits = fp32(h_c @ W^T), y = cap * tanh(logits / cap), and the
-loss sum adds logsumexp(y) - y[target]; only h and W are kept. Backward: each chunk's logits are recomputed and
+loss sum adds logsumexp(y) - y[target] over the rows whose target is not `ignore_index`; only h and W are kept.
+Backward: each chunk's logits are recomputed and
 
     dy = (softmax(y) - onehot(target)) * g / N,   dz = dy * (1 - (y / cap)^2),   dh_c = dz @ W,   dW += dz^T @ h_c
 
-so peak memory is a few [rows, V] fp32 tensors instead of about three [N, V] ones, for one extra head matmul.
+(rows with an ignored target get dy = 0; N counts the others, as torch's cross_entropy with reduction "mean"), so
+peak memory is a few [rows, V] fp32 tensors instead of about three [N, V] ones, for one extra head matmul.
 
 Decisions:
-- The head matmul runs in the weight's dtype (bf16 under mixed precision) and is upcast to fp32 (fp64 stays) as in
-  the plain loss, so the two agree to rounding; dz is cast back to that dtype for the two gradient matmuls, and dW
-  is accumulated in fp32 across chunks.
+- Autocast: forward and backward run under the autocast state the forward was called in (torch.amp's custom_fwd /
+  custom_bwd, one autograd Function per device type that has autocast), so under bf16 autocast all three head
+  matmuls run in bf16, as the plain loss's would; without autocast they run in the weight's dtype. Their outputs are
+  upcast to fp32 (fp64 stays) for the softmax; dz is cast once to the matmuls' dtype, and dW is accumulated in fp32
+  across chunks.
+- ignore_index (-100 by default, as torch's cross_entropy): those rows add nothing to the loss or the gradients, and
+  the mean is over the rest (NaN when every target is ignored, as torch's).
 - rows = 1024 by default: at V = 50304 one fp32 [rows, V] tensor is 206 MB, small next to activations, and large
   enough that the matmuls stay efficient.
 - The function takes the head weight as an input (not a module), so it must run inside the model's forward for
@@ -18,52 +24,72 @@ Decisions:
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from swax_lightning.kernels.util import fp32, soft_cap
 
 ROWS = 1024
+IGNORE_INDEX = -100
 
 
-def _capped(h_c: torch.Tensor, weight: torch.Tensor, cap: float) -> torch.Tensor:
-    return soft_cap(fp32(h_c @ weight.T), cap)
+def _logits(h_c: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """h_c @ W^T in the matmul's own dtype (the autocast dtype under autocast, else the weight's)."""
+    return h_c @ weight.T
 
 
-class _ChunkedSoftcapCE(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, h, weight, targets, cap, rows):
-        total = torch.zeros((), dtype=fp32(h[:0]).dtype, device=h.device)
-        for start in range(0, h.shape[0], rows):
-            y = _capped(h[start:start + rows], weight, cap)
-            picked = y.gather(1, targets[start:start + rows, None])
-            total = total + (torch.logsumexp(y, dim=1, keepdim=True) - picked).sum()
-        ctx.save_for_backward(h, weight, targets)
-        ctx.cap, ctx.rows = cap, rows
-        return total / h.shape[0]
+def _forward(ctx, h, weight, targets, cap, rows, ignore_index):
+    kept = targets != ignore_index
+    picked_targets = torch.where(kept, targets, 0)  # any valid index: those rows are masked out below
+    total = torch.zeros((), dtype=fp32(h[:0]).dtype, device=h.device)
+    for start in range(0, h.shape[0], rows):
+        y = soft_cap(fp32(_logits(h[start:start + rows], weight)), cap)
+        picked = y.gather(1, picked_targets[start:start + rows, None])[:, 0]
+        loss = torch.logsumexp(y, dim=1) - picked
+        total = total + torch.where(kept[start:start + rows], loss, 0.0).sum()
+    ctx.save_for_backward(h, weight, picked_targets, kept)
+    ctx.cap, ctx.rows = cap, rows
+    return total / kept.sum()
 
-    @staticmethod
-    def backward(ctx, grad):
-        h, weight, targets = ctx.saved_tensors
-        cap, rows = ctx.cap, ctx.rows
-        scale = grad / h.shape[0]
-        dh = torch.empty_like(h)
-        dw = torch.zeros_like(weight, dtype=fp32(weight[:0]).dtype)
-        for start in range(0, h.shape[0], rows):
-            h_c = h[start:start + rows]
-            y = _capped(h_c, weight, cap)
-            dy = torch.softmax(y, dim=1)
-            dy.scatter_add_(1, targets[start:start + rows, None], dy.new_full((h_c.shape[0], 1), -1.0))
-            dy.mul_(scale)
-            if cap > 0:
-                dy.mul_(1 - (y / cap) ** 2)
-            dz = dy.to(weight.dtype)
-            dh[start:start + rows] = dz @ weight
-            dw.add_(dz.T @ h_c)
-        return dh, dw.to(weight.dtype), None, None, None
+
+def _backward(ctx, grad):
+    h, weight, targets, kept = ctx.saved_tensors
+    cap, rows = ctx.cap, ctx.rows
+    scale = grad / kept.sum()
+    dh = torch.empty_like(h)
+    dw = torch.zeros_like(weight, dtype=fp32(weight[:0]).dtype)
+    for start in range(0, h.shape[0], rows):
+        h_c = h[start:start + rows]
+        logits = _logits(h_c, weight)
+        y = soft_cap(fp32(logits), cap)
+        dy = torch.softmax(y, dim=1)
+        dy.scatter_add_(1, targets[start:start + rows, None], dy.new_full((h_c.shape[0], 1), -1.0))
+        dy.mul_(torch.where(kept[start:start + rows, None], scale, 0.0))
+        if cap > 0:
+            dy.mul_(1 - (y / cap) ** 2)
+        dz = dy.to(logits.dtype)
+        dh[start:start + rows] = dz @ weight
+        dw.add_(dz.T @ h_c)
+    return dh, dw.to(weight.dtype), None, None, None, None
+
+
+@functools.cache
+def _loss_function(device_type: str) -> type[torch.autograd.Function]:
+    """The chunked loss as an autograd Function whose backward runs under its forward's autocast state on
+    `device_type` (custom_fwd / custom_bwd take the device type when the class is made); as it is on a device
+    without autocast (meta: the memory estimate)."""
+    autocast = torch.amp.is_autocast_available(device_type)
+
+    class ChunkedSoftcapCE(torch.autograd.Function):
+        forward = staticmethod(torch.amp.custom_fwd(_forward, device_type=device_type) if autocast else _forward)
+        backward = staticmethod(torch.amp.custom_bwd(_backward, device_type=device_type) if autocast else _backward)
+
+    return ChunkedSoftcapCE
 
 
 def softcap_cross_entropy_chunked(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, cap: float,
-                                  rows: int = ROWS) -> torch.Tensor:
+                                  rows: int = ROWS, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
     """Same contract as kernels.ce.naive.softcap_cross_entropy_reference: h [N, d], weight [V, d], targets [N]."""
     if rows < 1:
         raise ValueError(f"rows must be >= 1 (got {rows})")
-    return _ChunkedSoftcapCE.apply(h, weight, targets, cap, rows)
+    return _loss_function(h.device.type).apply(h, weight, targets, cap, rows, ignore_index)

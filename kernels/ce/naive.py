@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from swax_lightning.kernels.util import fp32, soft_cap
 
 
-def softcap_cross_entropy_reference(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                                    cap: float) -> torch.Tensor:
-    """h [N, d] final hidden states, weight [V, d] the LM head, targets [N] -> mean loss (a scalar)."""
-    return F.cross_entropy(soft_cap(fp32(h @ weight.T), cap), targets)
+def softcap_cross_entropy_reference(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, cap: float,
+                                    ignore_index: int = -100) -> torch.Tensor:
+    """h [N, d] final hidden states, weight [V, d] the LM head, targets [N] -> mean loss over the targets that are
+    not ignore_index (a scalar)."""
+    return F.cross_entropy(soft_cap(fp32(h @ weight.T), cap), targets, ignore_index=ignore_index)

@@ -8,19 +8,28 @@ Forward (chunks of L steps; b_t = cumulative log forget gate inside a chunk, g =
        log_d[t, s] = b_t - b_s + i_s (s <= t),  m_t = max(max_s log_d[t, s], b_t + m_in),
        h_t = (sum_s e^{log_d - m_t} (q_t.k_s) v_s + e^{b_t + m_in - m_t} q_t C_in) / N_t,
        N_t = max(|sum_s e^{log_d - m_t} (q_t.k_s) + e^{b_t + m_in - m_t} q_t.n_in|, e^{-m_t}) + eps.
-   It saves m_t and N_t for the backward, and the chunk-entry states unless `recompute_states` asks the backward to
-   run `_fwd_states_kernel` again (the same kernel on the same inputs: bit-identical states, B*H*NC*DQK*DV fp32 less
-   memory per layer).
+   It saves m_t, N_t and which term of N_t's max won for the backward, and the chunk-entry states unless
+   `recompute_states` asks the backward to run `_fwd_states_kernel` again (the same kernel on the same inputs:
+   bit-identical states, B*H*NC*(DQK*DV + DQK) fp32 less memory per layer).
 
-Backward. The stabiliser m and the normaliser N_t are treated as constants: h is invariant to m, and the per-head
-norm that follows the cell in every mLSTM layer cancels N_t (docs/design.md section 3), so gradients agree with
-the reference after that norm. With a_ts = e^{F_t - F_s + i_s - m_t} / N_t:
-    dq_t = sum_s a_ts (dh_t.v_s) k_s + e_t C_in^T dh_t,    dk_s = sum_t a_ts (dh_t.v_s) q_t + w_s dC_end v_s,
+Backward: the exact gradient of h, eps included. h_t = num_t / N_t with the unstabilised num~, den~ and
+N~_t = max(|den~_t|, 1) + eps e^{m_t}: the stabiliser cancels except in eps. So the gradient has, beside the one
+through num (the normaliser and stabiliser held constant), a term through |den_t| where it wins the max, with weight
+beta_t = sign(den_t) dh_t.h_t, and one through m_t, dL/dm_t = -eps dh_t.h_t / N_t. A per-head norm after the cell
+nearly cancels both (it is scale-invariant up to its own eps), but not where the eps terms are of the norm's size:
+at gates near the soft cap they are most of the gradient. With a_ts = e^{F_t - F_s + i_s - m_t} / N_t the normaliser
+is C's extra value column of ones (n) with output gradient -beta_t:
+    dq_t = sum_s a_ts (dh_t.v_s - beta_t) k_s + e_t (C_in^T dh_t - beta_t n_in),
+    dk_s = sum_t a_ts (dh_t.v_s - beta_t) q_t + w_s (dC_end v_s + dn_end),
     dv_s = sum_t a_ts (q_t.k_s) dh_t + w_s dC_end^T k_s,
-where dC_end (the gradient reaching the state at a chunk's end) comes from `_bwd_dstates_kernel`, a reverse loop over
-chunks. The gate gradients need no kernel: the pair log-weight is F_t - F_s + i_s, so
-    d i~_s = k_s . dk_s,   dF_u = q_u . dq_u - k_u . dk_u,   d log f_j = sum_{u >= j} dF_u,
-    d f~ = d log f * sigmoid(-f~).
+where dC_end, dn_end (the gradients reaching the state at a chunk's end) come from `_bwd_dstates_kernel`, a reverse
+loop over chunks. Gate gradients are gradients of log-weights: a pair (t, s) has log-weight F_t - F_s + i_s, which
+holds i~_s and log f_j for s < j <= t. `_bwd_dqdk_kernel` sums them per chunk over the terms that hold each gate
+(the pairs straddling j, the entering state's weight in h_t for t >= j, the keys' weights in the state at the end for
+s < j, the chunk's decay), never as differences of larger sums (a reverse cumsum of q.dq - k.dk, equal in exact
+arithmetic, loses its digits to cancellation). In fp32 each dominant term (the log-weight that m_t comes from, whose
+gradient is a difference of nearly equal numbers under the norm) is replaced by an exact sum minus the other terms,
+as autograd does through the max: `_dominant_term_fixes`, which also carries dL/dm_t to the key the max comes from.
 The final state is an output without gradient; an initial state is an input without gradient (streaming inference).
 
 Block sizes: chunk L (the layer's chunk_size: a power of two, 16..128), DQK and DV tiles of 64 (head dims up to 256 for
@@ -38,7 +47,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from swax_lightning.kernels.backends import triton_dot_precision
+from swax_lightning.kernels.backends import TRITON_MLSTM_CHUNKS, TRITON_MLSTM_MIN_HEAD_DIM, triton_dot_precision
 from swax_lightning.kernels.mlstm.naive import EPS, MLSTMState
 
 TILE = 64
@@ -112,7 +121,7 @@ def _intra_weights(bcum, i, m_inter, L: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=VARYING)
-def _fwd_output_kernel(Q, K, V, LF, I, C_IN, N_IN, M_IN, HOUT, MT, NT,
+def _fwd_output_kernel(Q, K, V, LF, I, C_IN, N_IN, M_IN, HOUT, MT, NT, ST,
                        s_b, s_t, s_h, sv_b, sv_t, sv_h, so_b, so_t, so_h, T, H, NC, DQK, DV, scale, eps,
                        L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
     c, bh, pv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -148,10 +157,12 @@ def _fwd_output_kernel(Q, K, V, LF, I, C_IN, N_IN, M_IN, HOUT, MT, NT,
     if pv == 0:
         tl.store(MT + bh * T + t, m_t, mask=t < T)
         tl.store(NT + bh * T + t, norm, mask=t < T)
+        # d N_t / d den_t: sign(den_t) where |den_t| is the larger term of the max, else 0.
+        tl.store(ST + bh * T + t, tl.where(tl.abs(den) > tl.exp(-m_t), tl.where(den < 0, -1.0, 1.0), 0.0), mask=t < T)
 
 
 @triton.jit(do_not_specialize=VARYING)
-def _bwd_dstates_kernel(Q, DH, LF, I, M_IN, M_OUT, MT, NT, DC_END,
+def _bwd_dstates_kernel(Q, DH, BETA, LF, I, M_IN, M_OUT, MT, NT, DC_END, DN_END,
                         s_b, s_t, s_h, sv_b, sv_t, sv_h, T, H, NC, DQK, DV, scale,
                         L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
     bh, pk, pv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -161,9 +172,12 @@ def _bwd_dstates_kernel(Q, DH, LF, I, M_IN, M_OUT, MT, NT, DC_END,
     mask_c = (dk[:, None] < DQK) & (dv[None, :] < DV)
     c_off = dk[:, None] * DV + dv[None, :]
     dC = tl.zeros([BK, BV], tl.float32)
+    dn = tl.zeros([BK], tl.float32)
     for j in range(0, NC):
         c = NC - 1 - j
         tl.store(DC_END + (bh * NC + c) * DQK * DV + c_off, dC, mask=mask_c)
+        if pv == 0:
+            tl.store(DN_END + (bh * NC + c) * DQK + dk, dn, mask=dk < DQK)
         bcum, i, t = _chunk_gates(LF, I, bh, c, T, L)
         g = tl.sum(tl.where(tl.arange(0, L) == L - 1, bcum, 0.0), 0)
         m_in = tl.load(M_IN + bh * NC + c)
@@ -176,13 +190,17 @@ def _bwd_dstates_kernel(Q, DH, LF, I, M_IN, M_OUT, MT, NT, DC_END,
                      mask=(t[:, None] < T) & (dk[None, :] < DQK), other=0.0).to(tl.float32) * scale
         dhb = tl.load(DH + b * sv_b + h * sv_h + t[:, None] * sv_t + dv[None, :],
                       mask=(t[:, None] < T) & (dv[None, :] < DV), other=0.0).to(tl.float32)
-        dC = tl.exp(g + m_in - m_next) * dC + tl.dot(tl.trans(qb * e[:, None]), dhb, input_precision=PREC)
+        beta = tl.load(BETA + bh * T + t, mask=t < T, other=0.0)
+        decay = tl.exp(g + m_in - m_next)
+        dC = decay * dC + tl.dot(tl.trans(qb * e[:, None]), dhb, input_precision=PREC)
+        dn = decay * dn - tl.sum(qb * (e * beta)[:, None], 0)
 
 
 @triton.jit
 def _pair_weights(LF, I, M_IN, M_OUT, MT, NT, bh, c, T, NC, L: tl.constexpr):
     """For chunk c: a [L, L] = exp(log_d - m_t) / N_t (query t, key s), e [L] = exp(b_t + m_in - m_t) / N_t (the
-    entering state's weight in h_t), w [L] = exp(g - b_s + i_s - m_end) (key s's weight in the state at the end)."""
+    entering state's weight in h_t), w [L] = exp(g - b_s + i_s - m_end) (key s's weight in the state at the end),
+    decay = exp(g + m_in - m_end) (the entering state's weight in the state at the end)."""
     bcum, i, t = _chunk_gates(LF, I, bh, c, T, L)
     m_in = tl.load(M_IN + bh * NC + c)
     m_t = tl.load(MT + bh * T + t, mask=t < T, other=0.0)
@@ -196,21 +214,22 @@ def _pair_weights(LF, I, M_IN, M_OUT, MT, NT, bh, c, T, NC, L: tl.constexpr):
     m_end = tl.load(M_IN + bh * NC + c + 1, mask=c + 1 < NC, other=0.0)
     m_end = tl.where(c + 1 < NC, m_end, tl.load(M_OUT + bh))
     w = tl.where(valid, tl.exp(g - bcum + i - m_end), 0.0)
-    return a, e, w, t
+    return a, e, w, t, tl.exp(g + m_in - m_end)
 
 
 @triton.jit(do_not_specialize=VARYING)
-def _bwd_dqdk_kernel(Q, K, V, DH, LF, I, C_IN, DC_END, M_IN, M_OUT, MT, NT, DQ, DK,
+def _bwd_dqdk_kernel(Q, K, V, DH, BETA, LF, I, C_IN, N_IN, DC_END, DN_END, M_IN, M_OUT, MT, NT, DQ, DK, GATE, CARRY,
                      s_b, s_t, s_h, sv_b, sv_t, sv_h, T, H, NC, DQK, DV, scale,
                      L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
     c, bh, pk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
-    a, e, w, t = _pair_weights(LF, I, M_IN, M_OUT, MT, NT, bh, c, T, NC, L)
+    a, e, w, t, decay = _pair_weights(LF, I, M_IN, M_OUT, MT, NT, bh, c, T, NC, L)
     dk_idx = pk * BK + tl.arange(0, BK)
     rows_k = (t[:, None] < T) & (dk_idx[None, :] < DQK)
     dh_v = tl.zeros([L, L], tl.float32)        # dh_t . v_s
     dh_c = tl.zeros([L, BK], tl.float32)       # C_in^T dh_t   (for dq)
     v_dc = tl.zeros([L, BK], tl.float32)       # dC_end v_s    (for dk)
+    carry = tl.sum(tl.zeros([1], tl.float32), 0)  # <dC_end, C_in> over this DQK tile
     for v0 in range(0, DV, BV):
         dv_idx = v0 + tl.arange(0, BV)
         rows_v = (t[:, None] < T) & (dv_idx[None, :] < DV)
@@ -225,14 +244,45 @@ def _bwd_dqdk_kernel(Q, K, V, DH, LF, I, C_IN, DC_END, M_IN, M_OUT, MT, NT, DQ, 
         dh_v += tl.dot(dhb, tl.trans(vb), input_precision=PREC)
         dh_c += tl.dot(dhb, tl.trans(cb), input_precision=PREC)
         v_dc += tl.dot(vb, tl.trans(dcb), input_precision=PREC)
+        carry += tl.sum(tl.sum(cb * dcb, 1), 0)
     qb = tl.load(Q + b * s_b + h * s_h + t[:, None] * s_t + dk_idx[None, :], mask=rows_k, other=0.0).to(tl.float32)
+    qb = qb * scale
     kb = tl.load(K + b * s_b + h * s_h + t[:, None] * s_t + dk_idx[None, :], mask=rows_k, other=0.0).to(tl.float32)
+    nb = tl.load(N_IN + (bh * NC + c) * DQK + dk_idx, mask=dk_idx < DQK, other=0.0)
+    dnb = tl.load(DN_END + (bh * NC + c) * DQK + dk_idx, mask=dk_idx < DQK, other=0.0)
+    # The normaliser's term: n is C's extra value column of ones, and its output gradient is -beta_t.
+    beta = tl.load(BETA + bh * T + t, mask=t < T, other=0.0)
+    dh_v -= beta[:, None]
+    dh_c -= beta[:, None] * nb[None, :]
+    v_dc += dnb[None, :]
     p = a * dh_v                                # [t, s]
     dq = tl.dot(p, kb, input_precision=PREC) + e[:, None] * dh_c      # gradient w.r.t. the scaled q
-    dk = tl.dot(tl.trans(p), qb * scale, input_precision=PREC) + w[:, None] * v_dc
+    dk = tl.dot(tl.trans(p), qb, input_precision=PREC) + w[:, None] * v_dc
     offs = b * s_b + h * s_h + t[:, None] * s_t + dk_idx[None, :]
     tl.store(DQ + offs, (dq * scale).to(DQ.dtype.element_ty), mask=rows_k)
     tl.store(DK + offs, dk.to(DK.dtype.element_ty), mask=rows_k)
+    # This DQK tile's share of the gradients of the log-weights (q.k and the state dots are sums over tiles):
+    pair = p * tl.dot(qb, tl.trans(kb), input_precision=PREC)   # of pair (t, s): F_t - F_s + i_s
+    inter = e * tl.sum(qb * dh_c, 1)            # of the entering state in h_t: b_t
+    write = w * tl.sum(kb * v_dc, 1)            # of key s in the state at the chunk's end: g - b_s + i_s
+    carry = decay * (carry + tl.sum(nb * dnb, 0))  # of the entering state in the state at the end: g
+    # log f_j is in the pairs with s < j <= t, the entering state's weight for t >= j, the keys' end weights for
+    # s < j and the chunk's decay g: each sum taken only over the terms that hold it (no differences of sums).
+    j = tl.arange(0, L)
+    before = j[None, :] < j[:, None]            # [j, s]: s < j
+    after = j[None, :] >= j[:, None]            # [j, t]: t >= j
+    d_lf = (tl.sum(tl.where(before, tl.cumsum(pair, 0, reverse=True), 0.0), 1) + carry
+            + tl.sum(tl.where(after, inter[None, :], 0.0), 1) + tl.sum(tl.where(before, write[None, :], 0.0), 1))
+    d_i = tl.sum(pair, 0) + write
+    # GATE [5, DQK tiles, B*H, T]: d log f, d i~, and the parts the stabiliser terms need; CARRY [DQK tiles, B*H, NC].
+    gate = (pk * tl.num_programs(1) + bh) * T + t
+    part = tl.num_programs(2) * tl.num_programs(1) * T
+    tl.store(GATE + gate, d_lf, mask=t < T)
+    tl.store(GATE + part + gate, d_i, mask=t < T)
+    tl.store(GATE + 2 * part + gate, tl.sum(pair, 1) + inter, mask=t < T)
+    tl.store(GATE + 3 * part + gate, inter, mask=t < T)
+    tl.store(GATE + 4 * part + gate, write, mask=t < T)
+    tl.store(CARRY + (pk * tl.num_programs(1) + bh) * NC + c, carry)
 
 
 @triton.jit(do_not_specialize=VARYING)
@@ -241,7 +291,7 @@ def _bwd_dv_kernel(Q, K, DH, LF, I, DC_END, M_IN, M_OUT, MT, NT, DV_OUT,
                    L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
     c, bh, pv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
-    a, e, w, t = _pair_weights(LF, I, M_IN, M_OUT, MT, NT, bh, c, T, NC, L)
+    a, e, w, t, _ = _pair_weights(LF, I, M_IN, M_OUT, MT, NT, bh, c, T, NC, L)
     dv_idx = pv * BV + tl.arange(0, BV)
     rows_v = (t[:, None] < T) & (dv_idx[None, :] < DV)
     qk = tl.zeros([L, L], tl.float32)          # q_t . k_s
@@ -264,9 +314,10 @@ def _bwd_dv_kernel(Q, K, DH, LF, I, DC_END, M_IN, M_OUT, MT, NT, DV_OUT,
              mask=rows_v)
 
 
-def new_like(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Output allocation; every element is written by a kernel (tests fill these with NaN to prove it)."""
-    return torch.empty_like(x, dtype=dtype)
+def new_like(x: torch.Tensor, dtype: torch.dtype | None = None, shape: tuple | None = None) -> torch.Tensor:
+    """Output allocation (x's shape unless given); every element is written by a kernel (tests fill these with NaN
+    to prove it)."""
+    return x.new_empty(shape or x.shape, dtype=dtype or x.dtype)
 
 
 def _options(L: int, BK: int, BV: int, x: torch.Tensor) -> dict:
@@ -306,50 +357,111 @@ class MLSTMChunkwise(torch.autograd.Function):
         init = (C0.float().contiguous(), n0.float().contiguous(), m0.float().contiguous()) if C0 is not None else None
         (C_in, n_in, m_in), (C_out, n_out, m_out) = _chunk_states(k, v, lf, ig, init, (B, T, H, DQK, DV, L, NC, BK, BV))
         h = new_like(v)
-        f32 = dict(device=q.device, dtype=torch.float32)
-        m_t, n_t = torch.empty(B * H, T, **f32), torch.empty(B * H, T, **f32)
+        m_t, n_t, s_t = (new_like(lf) for _ in range(3))
         scale = DQK ** -0.5
         strides = (q.stride(0), q.stride(1), q.stride(2), v.stride(0), v.stride(1), v.stride(2))
         _fwd_output_kernel[(NC, B * H, triton.cdiv(DV, BV))](
-            q, k, v, lf, ig, C_in, n_in, m_in, h, m_t, n_t, *strides, h.stride(0), h.stride(1), h.stride(2),
+            q, k, v, lf, ig, C_in, n_in, m_in, h, m_t, n_t, s_t, *strides, h.stride(0), h.stride(1), h.stride(2),
             T, H, NC, DQK, DV, scale, eps, **_options(L, BK, BV, q))
         # The chunk-entry states are the one saved tensor that grows with DQK x DV: recomputing them in the backward
         # costs one more pass of the states kernel (linear in T) and frees B*H*NC*DQK*DV fp32 per layer.
-        states = (init or ()) if recompute_states else (C_in, m_in)
-        ctx.save_for_backward(q, k, v, lf, ig, f_pre, m_out, m_t, n_t, *states)
-        ctx.has_init, ctx.recompute_states = init is not None, recompute_states
+        states = (init or ()) if recompute_states else (C_in, n_in, m_in)
+        ctx.save_for_backward(q, k, v, h, lf, ig, f_pre, m_out, m_t, n_t, s_t, *states)
+        ctx.has_init, ctx.recompute_states, ctx.eps = init is not None, recompute_states, eps
         ctx.dims = (B, T, H, DQK, DV, L, NC, BK, BV, scale)
         ctx.mark_non_differentiable(C_out, n_out, m_out)
         return h, C_out, n_out, m_out
 
     @staticmethod
     def backward(ctx, dh, *_state_grads):
-        q, k, v, lf, ig, f_pre, m_out, m_t, n_t, *states = ctx.saved_tensors
+        q, k, v, h, lf, ig, f_pre, m_out, m_t, n_t, s_t, *states = ctx.saved_tensors
         B, T, H, DQK, DV, L, NC, BK, BV, scale = ctx.dims
         if ctx.recompute_states:  # the same kernel on the same inputs: bit-identical states
-            (C_in, _, m_in), _ = _chunk_states(k, v, lf, ig, states if ctx.has_init else None, ctx.dims[:-1])
+            (C_in, n_in, m_in), _ = _chunk_states(k, v, lf, ig, states if ctx.has_init else None, ctx.dims[:-1])
         else:
-            C_in, m_in = states
+            C_in, n_in, m_in = states
         dh = dh.contiguous()
+        dh_h = (dh.float() * h.float()).sum(-1).permute(0, 2, 1).reshape(B * H, T)  # dh_t . h_t
+        beta = (s_t * dh_h).contiguous()  # the gradient reaching |den_t| through N_t, times -N_t
         strides = (q.stride(0), q.stride(1), q.stride(2), v.stride(0), v.stride(1), v.stride(2))
-        dC_end = torch.empty_like(C_in)
+        dC_end, dn_end = torch.empty_like(C_in), torch.empty_like(n_in)
         _bwd_dstates_kernel[(B * H, triton.cdiv(DQK, BK), triton.cdiv(DV, BV))](
-            q, dh, lf, ig, m_in, m_out, m_t, n_t, dC_end, *strides, T, H, NC, DQK, DV, scale, **_options(L, BK, BV, q))
-        # dq and dk in fp32: the gate gradients below take differences of their dot products with q and k.
-        dq, dk, dv = new_like(q, torch.float32), new_like(k, torch.float32), new_like(v)
-        _bwd_dqdk_kernel[(NC, B * H, triton.cdiv(DQK, BK))](
-            q, k, v, dh, lf, ig, C_in, dC_end, m_in, m_out, m_t, n_t, dq, dk, *strides, T, H, NC, DQK, DV, scale,
+            q, dh, beta, lf, ig, m_in, m_out, m_t, n_t, dC_end, dn_end, *strides, T, H, NC, DQK, DV, scale,
             **_options(L, BK, BV, q))
+        dq, dk, dv = new_like(q), new_like(k), new_like(v)
+        gate = new_like(lf, shape=(5, triton.cdiv(DQK, BK), B * H, T))
+        carry = new_like(lf, shape=(triton.cdiv(DQK, BK), B * H, NC))
+        _bwd_dqdk_kernel[(NC, B * H, triton.cdiv(DQK, BK))](
+            q, k, v, dh, beta, lf, ig, C_in, n_in, dC_end, dn_end, m_in, m_out, m_t, n_t, dq, dk, gate, carry, *strides,
+            T, H, NC, DQK, DV, scale, **_options(L, BK, BV, q))
         _bwd_dv_kernel[(NC, B * H, triton.cdiv(DV, BV))](
             q, k, dh, lf, ig, dC_end, m_in, m_out, m_t, n_t, dv, *strides, T, H, NC, DQK, DV, scale,
             **_options(L, BK, BV, q))
-        # Gate gradients from dq and dk: d i~_s = k_s.dk_s; dF_u = q_u.dq_u - k_u.dk_u; d log f = reverse cumsum.
-        d_i = (k.float() * dk.float()).sum(-1)
-        d_cum = (q.float() * dq.float()).sum(-1) - d_i
-        d_lf = d_cum.flip(1).cumsum(1).flip(1)
-        d_f = d_lf * torch.sigmoid(-f_pre.float())
-        return (dq.to(q.dtype), dk.to(k.dtype), dv, d_i.to(f_pre.dtype), d_f.to(f_pre.dtype),
-                None, None, None, None, None, None)
+        # What h_t's log-weights sum to, the eps term included: 0 where |den_t| wins the max (a shift of all of them
+        # changes nothing), dh_t.h_t exp(-m_t) / N_t where exp(-m_t) does.
+        row_total = torch.where(s_t == 0, dh_h.double() * torch.exp(-m_t.double()) / n_t, 0.0)
+        d_lf, d_i, row, inter, write = gate.double().sum(1)
+        d_lf_fix, d_i_fix = _dominant_term_fixes(lf, ig, m_in[:, 0], L, row_total, row, inter, write,
+                                                 carry.double().sum(0))
+        d_lf, d_i = d_lf + d_lf_fix, d_i + d_i_fix
+        d_i, d_lf = (x.view(B, H, T).permute(0, 2, 1) for x in (d_i, d_lf))
+        d_f = d_lf * torch.sigmoid(-f_pre.double())
+        return dq, dk, dv, d_i.to(f_pre.dtype), d_f.to(f_pre.dtype), None, None, None, None, None, None
+
+
+def _dominant_term_fixes(lf, ig, m0, L, row_total, row, inter, write, carry):
+    """Gate-gradient corrections [B*H, T] (for log f, i~) that make the sums of log-weight gradients exact.
+
+    Every output h_t is a sum over log-weighted terms (the chunk's keys s <= t and the state entering the chunk), and
+    every chunk-end state S_{c+1} is too (its keys and the carried S_c). Shifting all log-weights of h_t by one
+    constant changes h_t only through the eps term: their gradients sum to `row_total`. Shifting those of S_{c+1}
+    scales it: theirs sum to Gamma_{c+1}, the gradient of S_{c+1}'s log-scale, = sum over the next chunk's rows of
+    their state-term gradient (`inter`) + S_{c+1}'s own carry term. In fp32 the dominant term of each sum (the
+    largest log-weight: the key or state that m_t, or the state's m, comes from) is a difference of nearly equal
+    numbers where a per-head norm follows the cell; the others are small. As autograd does through the max, each
+    dominant term is replaced by the exact sum minus the others: the difference is routed here to the log-weight it
+    belongs to (pair (t, s) holds i~_s and log f_j for s < j <= t). This also carries dL/dm_t, the eps term's
+    gradient, to the key the running max comes from. Dominance from the gates in fp64: F over the whole sequence
+    outgrows fp32's digits. The gradients of the initial state are not needed (it is an input without gradient)."""
+    BH, T = lf.shape
+    NC = carry.shape[1]
+    device = lf.device
+    cum = lf.double().cumsum(1)
+    # m_t = F_t + max(m0, max_{s <= t} (i~_s - F_s)): the dominant term of h_t is key best[t] (-1: initial state).
+    candidates = torch.cat([m0.double()[:, None], ig.double() - cum], 1)
+    best = candidates.cummax(1).indices[:, 1:] - 1
+    t = torch.arange(T, device=device)
+    start = t // L * L                                         # first step of t's chunk
+    from_state = best < start                                  # h_t's dominant term is the entering state
+    row_fix = row_total - row                                  # exact sum minus computed sum, per h_t
+    inter = inter + torch.where(from_state, row_fix, 0.0)
+    # Chunk-end states: S_{c+1}'s dominant term is the carry or key best[end of chunk c].
+    ends = torch.clamp(torch.arange(1, NC + 1, device=device) * L, max=T) - 1
+    carried = best[:, ends] < start[ends]                      # [B*H, NC]
+    pad = NC * L - T
+
+    def per_chunk(x):  # [B*H, T] -> [B*H, NC]: sums over each chunk
+        return F.pad(x, (0, pad)).view(BH, NC, L).sum(-1)
+
+    write_sum = per_chunk(write)
+    # Gamma_c = sum_{t in c} inter_t + (carry_c, or Gamma_{c+1} - write_sum_c where the carry dominates): a linear
+    # recurrence with 0/1 coefficients, summed segment by segment (a segment ends at a chunk whose key dominates).
+    step = per_chunk(inter) + torch.where(carried, -write_sum, carry)
+    after = F.pad(step.flip(1).cumsum(1).flip(1), (0, 1))     # sum of step over chunks >= c
+    idx = torch.arange(NC, device=device).expand(BH, NC)
+    stop = torch.where(carried, NC - 1, idx).flip(1).cummin(1).values.flip(1)
+    gamma = after[:, :NC] - after.gather(1, stop + 1)
+    gamma_next = F.pad(gamma[:, 1:], (0, 1))                   # the final state takes no gradient
+    state_fix = gamma_next - (carry + write_sum)
+    # Route each fix to its pair (hi, lo): log f_j for lo < j <= hi, and i~_lo when lo is a key.
+    hi = torch.cat([t.expand(BH, T), ends.expand(BH, NC)], 1)
+    lo = torch.cat([torch.where(from_state, start - 1, best), torch.where(carried, start[ends] - 1, best[:, ends])], 1)
+    fix = torch.cat([row_fix, state_fix], 1)
+    is_key = torch.cat([~from_state, ~carried], 1)
+    steps = torch.zeros(BH, T + 1, dtype=torch.float64, device=device)
+    steps.scatter_add_(1, lo + 1, fix).scatter_add_(1, hi + 1, -fix)
+    d_i = torch.zeros_like(steps).scatter_add_(1, torch.where(is_key, lo + 1, 0), torch.where(is_key, fix, 0.0))
+    return steps.cumsum(1)[:, :T], d_i[:, 1:]
 
 
 def mlstm_chunkwise_triton(q, k, v, i_pre, f_pre, initial_state: MLSTMState | None = None, chunk_size: int = 64,
@@ -357,10 +469,10 @@ def mlstm_chunkwise_triton(q, k, v, i_pre, f_pre, initial_state: MLSTMState | No
     """Same contract as kernels.mlstm.chunk.mlstm_chunkwise: returns (h [B, T, H, DV], final MLSTMState).
     recompute_states: recompute the state entering every chunk in the backward instead of saving it."""
     for name, d in (("q/k head dim", q.shape[-1]), ("v head dim", v.shape[-1])):
-        if d < 16:
-            raise ValueError(f"Triton mLSTM: {name} must be >= 16 (got {d})")
-    if chunk_size not in (16, 32, 64, 128):
-        raise ValueError(f"Triton mLSTM: chunk_size must be 16, 32, 64 or 128 (got {chunk_size})")
+        if d < TRITON_MLSTM_MIN_HEAD_DIM:
+            raise ValueError(f"Triton mLSTM: {name} must be >= {TRITON_MLSTM_MIN_HEAD_DIM} (got {d})")
+    if chunk_size not in TRITON_MLSTM_CHUNKS:
+        raise ValueError(f"Triton mLSTM: chunk_size must be one of {TRITON_MLSTM_CHUNKS} (got {chunk_size})")
     C0, n0, m0 = initial_state if initial_state is not None else (None, None, None)
     h, C, n, m = MLSTMChunkwise.apply(q, k, v, i_pre, f_pre, C0, n0, m0, chunk_size, eps, recompute_states)
     return h, MLSTMState(C, n, m)

@@ -27,13 +27,18 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from swax_lightning.kernels.backends import TRITON_FP32_MAX_HEAD_DIM, triton_dot_precision
+from swax_lightning.kernels.backends import (
+    TRITON_FP32_MAX_HEAD_DIM,
+    TRITON_MAX_SINKS,
+    TRITON_SWA_HEAD_DIMS,
+    triton_dot_precision,
+)
 
 # Arguments that change from call to call (sequence length, head counts, window, sinks): Triton would compile a kernel
 # for each of them equal to 1 or a multiple of 16 (fp32 kernels take up to half a minute to compile); one serves all.
 VARYING = ("T", "HQ", "HK", "GROUP", "W", "N_SINK")
 BLOCK_M = 64
-BLOCK_N = 64
+BLOCK_N = TRITON_MAX_SINKS  # sink keys are read as one key block
 LOG2E = tl.constexpr(1.4426950408889634)  # scores are kept in base 2 (exp2)
 
 
@@ -202,8 +207,9 @@ def _options(q: torch.Tensor) -> dict:
 
 def _check(q, k, v, n_sink):
     D = q.shape[-1]
-    if D < 16 or D > 256 or D & (D - 1):
-        raise ValueError(f"Triton SWA: head dim must be a power of two in [16, 256] (got {D})")
+    low, high = TRITON_SWA_HEAD_DIMS
+    if D < low or D > high or D & (D - 1):
+        raise ValueError(f"Triton SWA: head dim must be a power of two in [{low}, {high}] (got {D})")
     if n_sink > BLOCK_N:
         raise ValueError(f"Triton SWA: at most {BLOCK_N} sink tokens (got {n_sink})")
     if q.is_cuda and q.element_size() >= 4 and D > TRITON_FP32_MAX_HEAD_DIM:
