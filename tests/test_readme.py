@@ -1,15 +1,16 @@
-"""Every shell command in README.md's code blocks, run as a user types it.
+"""Every shell command in the code blocks of README.md and of the pages under docs/, run as a user types it.
 
-- The commands are the fenced blocks tagged bash, sh, shell or console, in README order; a line ending in `\\`
-  continues on the next, `#` comment lines are dropped. A command added to the README later is run without any
-  change here.
+- The commands are the fenced blocks tagged bash, sh, shell or console, README.md first, then the docs pages in
+  alphabetical order, each in its order; a line ending in `\\` continues on the next, `#` comment lines are dropped.
+  A command added to a page later is run without any change here.
 - They run with bash, one after the other, in one scratch folder that links every file and folder of the repository
   (so `runs/` and `data/` land there) and whose `.venv` is the environment running the tests. They share
   that folder as a user's commands share the repository: the fit prepares the one data folder and writes the
   checkpoint that the test, generate and compare commands read.
-- Two documented kinds of change, nothing else (REPLACED, SHORTENED): `bash setup.sh ... &&` is dropped (the
-  environment running the tests is the set-up one), and a command that would run long gets arguments appended to
-  the end of it (later arguments win), e.g. fit stops after 2 steps.
+- Two documented kinds of change, nothing else (REPLACED, SHORTENED): `bash setup.sh ...` is dropped, alone or before
+  `&&` (the environment running the tests is the set-up one: nothing is installed from inside the tests), and a
+  command that would run long gets arguments appended to the end of it (later arguments win), e.g. fit stops after
+  2 steps.
 - A block opts out only with the line `<!-- readme-test: skip <reason> -->` right before its opening fence; a
   marker without a reason fails the test.
 """
@@ -30,8 +31,9 @@ SKIP_MARKER = re.compile(r"<!--\s*readme-test:\s*skip\b(.*?)-->")
 # Not linked into the scratch folder: version control, the environment (replaced) and what runs write.
 NOT_LINKED = {".git", ".venv", "runs", "data", "__pycache__", ".pytest_cache", "lightning_logs"}
 
+DOCUMENTS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]
 # (pattern, replacement, why)
-REPLACED = [(r"^bash setup\.sh[^&;]*&&\s*", "", "the environment running the tests is already set up")]
+REPLACED = [(r"^bash setup\.sh[^&;]*(&&\s*|$)", "", "the environment running the tests is already set up")]
 # (pattern a command contains, arguments appended): each run cut to a few seconds.
 SHORTENED = [
     (r"main\.py fit\b", ["--trainer.max_steps", "2", "--trainer.val_check_interval", "2",
@@ -117,9 +119,11 @@ def scratch_repository(folder: Path) -> Path:
 
 
 def test_readme_blocks_run_or_say_why_not():
-    blocks = readme_blocks((ROOT / "README.md").read_text())
-    assert [b.line for b in blocks if b.skip_reason == ""] == [], "a skip marker needs a reason"
-    commands = [c for b in blocks if b.skip_reason is None for c in b.commands]
+    for document in DOCUMENTS:
+        blocks = readme_blocks((ROOT / document).read_text())
+        assert [b.line for b in blocks if b.skip_reason == ""] == [], f"{document}: a skip marker needs a reason"
+    commands = [c for b in readme_blocks((ROOT / "README.md").read_text()) if b.skip_reason is None
+                for c in b.commands]
     assert any("main.py fit" in c for c in commands) and any("main.py test" in c for c in commands)
 
 
@@ -130,14 +134,15 @@ def test_block_extraction():
                                    Block(10, ["srun c"], "needs a cluster")]
     assert as_run_here("bash setup.sh eval && .venv/bin/python main.py fit -c x.yaml").startswith(
         ".venv/bin/python main.py fit -c x.yaml --trainer.max_steps 2 ")
+    assert as_run_here("bash setup.sh hf    # optional group") == ""  # nothing is installed from the tests
 
 
 @pytest.mark.slow
-def test_readme_commands_run_as_typed(tmp_path):
+def test_readme_and_docs_commands_run_as_typed(tmp_path):
     workdir = scratch_repository(tmp_path)
-    blocks = readme_blocks((ROOT / "README.md").read_text())
-    for block in (b for b in blocks if b.skip_reason is None):
-        for command in block.commands:
-            run = subprocess.run(["bash", "-c", as_run_here(command)], cwd=workdir, capture_output=True, text=True,
-                                 timeout=300)
-            assert run.returncode == 0, f"README.md line {block.line}: {command}\n{run.stderr[-3000:]}"
+    for document in DOCUMENTS:
+        for block in (b for b in readme_blocks((ROOT / document).read_text()) if b.skip_reason is None):
+            for command in filter(None, map(as_run_here, block.commands)):
+                run = subprocess.run(["bash", "-c", command], cwd=workdir, capture_output=True, text=True,
+                                     timeout=300)
+                assert run.returncode == 0, f"{document} line {block.line}: {command}\n{run.stderr[-3000:]}"
