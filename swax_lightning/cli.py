@@ -124,13 +124,15 @@ class SwaxCLI(LightningCLI):
 
     def instantiate_classes(self) -> None:
         """The constructors validate their arguments: what they reject is a configuration error; so are a distributed
-        checkpoint given to a strategy that cannot load it and a model-parallel mesh that is not data-parallel over
-        every rank."""
+        checkpoint given to a strategy that cannot load it, a model-parallel mesh that is not data-parallel over
+        every rank, and an evaluation window beyond a pretrained model's positions."""
         try:
             super().instantiate_classes()
             if self.subcommand:
                 refuse_unloadable_checkpoint(self.config[self.subcommand].get("ckpt_path"), self.trainer.strategy)
                 refuse_replica_mesh(self.trainer.strategy)
+                for suite in (c for c in self.trainer.callbacks if isinstance(c, EvalSuite)):
+                    suite.check_model(self.model.arch)
         except (ValueError, FileNotFoundError) as err:
             if isinstance(err, ConfigError):
                 raise
