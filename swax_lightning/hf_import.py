@@ -94,7 +94,7 @@ def resolve_source(source: str | Path) -> Path:
     if str(source) == SMOLLM2:
         return smollm2_gguf()
     path = Path(source)
-    if path.is_dir() and (path / "config.json").is_file() or path.is_file() and path.suffix == ".gguf":
+    if (path.is_dir() and (path / "config.json").is_file()) or (path.is_file() and path.suffix == ".gguf"):
         return path
     raise ConfigError(f"source {source}: not a model folder with config.json, nor a .gguf file, nor {SMOLLM2!r}")
 
@@ -128,8 +128,6 @@ def _read(path: Path, what: str, reader, **kwargs):
     try:
         return reader(**kwargs)
     except (NotImplementedError, ValueError, OSError, KeyError, RuntimeError) as err:
-        if isinstance(err, ConfigError):
-            raise
         message = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise ConfigError(f"transformers cannot read the {what} of {path}: {message}") from err
 
