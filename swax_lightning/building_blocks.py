@@ -3,7 +3,12 @@ short causal convolution.
 
 Decisions:
 - RoPE angles are computed in fp32 from absolute positions on every call (cheap next to attention, and exact at
-  131k positions), so training and a rolling decode cache rotate keys identically.
+  131k positions), so training and a rolling decode cache rotate keys identically. A pretrained model's frequency
+  scaling (ModelConfig.rope_scale: linear, llama3, dynamic NTK) is applied to the frequencies, as transformers does.
+  Dynamic NTK depends on the call's largest position (transformers' rule for one forward call; transformers also
+  keeps grown frequencies across calls, which a stateless layer does not): beyond max_positions a chunked prefill
+  therefore rotates each chunk with its own frequencies, and equals one whole-sequence forward only within
+  max_positions.
 - Norms use torch's own RMSNorm. The per-head norms (mLSTM and Gated DeltaNet outputs) normalise each head's
   channels separately in fp32 with one weight vector over all heads' channels and no bias: MultiHeadLayerNorm
   (mean subtracted, then scaled by the inverse standard deviation; xLSTM-7B's mLSTM output norm, which casts back to
@@ -14,6 +19,8 @@ Decisions:
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -21,10 +28,39 @@ import torch.nn.functional as F
 from swax_lightning.kernels.util import fp32
 
 
-def rope_rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding of x [B, T, H, D] at absolute positions [T] or [B, T] (rotate-half layout), in fp32."""
-    d = x.shape[-1]
-    inv_freq = theta ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
+def rope_frequencies(head_dim: int, theta: float, positions: torch.Tensor, scale: dict | None = None,
+                     max_positions: int | None = None) -> torch.Tensor:
+    """The [head_dim / 2] inverse frequencies in fp32, with a pretrained model's scaling (ModelConfig.rope_scale)."""
+    exponents = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
+    kind = scale and scale["type"]
+    if kind == "dynamic":
+        length = positions.max() + 1  # a tensor, so the new base is computed in fp32 as transformers computes it
+        if length > max_positions:
+            factor = scale["factor"]
+            theta = theta * (factor * length / max_positions - (factor - 1)) ** (head_dim / (head_dim - 2))
+    inv_freq = 1.0 / theta ** exponents  # transformers' rounding: logits of an imported model match it bit for bit
+    if kind == "linear":
+        return inv_freq / scale["factor"]
+    if kind == "llama3":
+        return _llama3_frequencies(inv_freq, scale)
+    return inv_freq
+
+
+def _llama3_frequencies(inv_freq: torch.Tensor, scale: dict) -> torch.Tensor:
+    """Llama 3.1: wavelengths longer than original / low_freq_factor are divided by factor, those shorter than
+    original / high_freq_factor kept, and the ones between blended smoothly."""
+    factor, low, high = scale["factor"], scale["low_freq_factor"], scale["high_freq_factor"]
+    original = scale["original_max_position_embeddings"]
+    wavelength = 2 * math.pi / inv_freq
+    smooth = ((original / wavelength - low) / (high - low)).clamp(0, 1)  # 0 on long wavelengths, 1 on short ones
+    return (1 - smooth) * inv_freq / factor + smooth * inv_freq
+
+
+def rope_rotate(x: torch.Tensor, positions: torch.Tensor, theta: float, scale: dict | None = None,
+                max_positions: int | None = None) -> torch.Tensor:
+    """Rotary embedding of x [B, T, H, D] at absolute positions [T] or [B, T] (rotate-half layout), in fp32;
+    scale and max_positions: ModelConfig.rope_scale and max_positions."""
+    inv_freq = rope_frequencies(x.shape[-1], theta, positions, scale, max_positions)
     angles = positions.to(torch.float32)[..., None] * inv_freq               # [(B,) T, D/2]
     cos, sin = angles.cos()[..., None, :], angles.sin()[..., None, :]        # [(B,) T, 1, D/2]
     x1, x2 = x.float().chunk(2, dim=-1)

@@ -146,7 +146,8 @@ class SwaxCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         """The constructors validate their arguments: what they reject is a configuration error; so are a distributed
         checkpoint given to a strategy that cannot load it, a model-parallel mesh that is not data-parallel over
-        every rank, and a kernel backend the trainer's device or precision cannot run (ModelConfig.check_run)."""
+        every rank, a kernel backend the trainer's device or precision cannot run (ModelConfig.check_run), and an
+        evaluation window beyond a pretrained model's positions."""
         try:
             super().instantiate_classes()
             if self.subcommand:
@@ -154,6 +155,9 @@ class SwaxCLI(LightningCLI):
                 refuse_replica_mesh(self.trainer.strategy)
             self.model.arch.check_run(self.trainer.strategy.root_device.type, self.trainer.precision,
                                       training=self.subcommand == "fit")
+            if self.subcommand:
+                for suite in (c for c in self.trainer.callbacks if isinstance(c, EvalSuite)):
+                    suite.check_model(self.model.arch)
         except (ValueError, FileNotFoundError) as err:
             if isinstance(err, ConfigError):
                 raise

@@ -10,6 +10,9 @@ Decisions:
 - `window` is the number of keys a query sees, the current token included (docs/design.md section 2); it is also the
   evaluation window. The training-time window is changed per step with `SWAXModel.set_window`, not here.
 - Errors name the field and the allowed range, so a wrong YAML value is found at once.
+- Fields that only pretrained imports use (swax_lightning/hf_import.py: qkv_bias, qk_norm, rope_scale,
+  max_positions) default to what every model trained here has (none, plain RoPE, no position limit), so they change
+  no existing model or checkpoint.
 - `read_config_file` is the one reader of a run config file's `extends:` and section-file names, for the CLI
   (cli.expand_extends) and the memory estimate alike.
 """
@@ -28,6 +31,9 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from swax_lightning.kernels import backends
 
 LAYER_KINDS = {"S": "sliding-window attention", "X": "mLSTM", "A": "full causal attention", "D": "Gated DeltaNet"}
+# rope_scale types and the keys each takes besides `type`.
+ROPE_SCALE_KEYS = {"linear": ("factor",), "dynamic": ("factor",),
+                   "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
 
 
 class ConfigError(ValueError):
@@ -73,6 +79,17 @@ class ModelConfig:
         window: Sliding-window size W in keys, the current token included (W >= sequence length = full attention).
         n_sink: Sink tokens: the first n_sink positions stay visible to every query of an S layer (0 = none).
         rope_theta: RoPE base; positions are absolute.
+        rope_scale: RoPE frequency scaling of a pretrained model (transformers' rope_type, named rope_scale because
+            transformers' configs reserve rope_scaling), empty = none. {type: linear, factor}: every frequency
+            divided by factor. {type: llama3, factor, low_freq_factor, high_freq_factor,
+            original_max_position_embeddings}: Llama 3.1's rule (long wavelengths divided by factor, short ones
+            kept, a smooth blend between). {type: dynamic, factor}: dynamic NTK; a forward call whose largest position
+            p reaches max_positions uses the base theta * (factor * (p + 1) / max_positions - (factor - 1)) **
+            (head_dim / (head_dim - 2)) (transformers' rule), so needs max_positions.
+        max_positions: Positions the model was trained on (a pretrained model's max_position_embeddings); empty = no
+            limit. A window larger than this (here or as an inference override) is refused.
+        qkv_bias: Biases on the attention's q, k and v projections (Qwen2); the output projection never has one.
+        qk_norm: RMSNorm of each query and key head (one weight of head_dim shared by the heads) before RoPE (Qwen3).
         ffn_dim: SwiGLU hidden width; empty = round_up(8/3 * d_model, 64).
         mlstm_heads: mLSTM heads (xLSTM-7B: 8).
         mlstm_qk_factor: q/k width of the mLSTM as a fraction of d_model (xLSTM-7B: 0.5).
@@ -111,6 +128,10 @@ class ModelConfig:
     window: int = 2048
     n_sink: int = 0
     rope_theta: float = 10000.0
+    rope_scale: dict | None = None
+    max_positions: int | None = None
+    qkv_bias: bool = False
+    qk_norm: bool = False
     ffn_dim: int | None = None
     mlstm_heads: int = 4
     mlstm_qk_factor: float = 0.5
@@ -165,7 +186,31 @@ class ModelConfig:
                  self.mlstm_norm)
         _require(len(self.fgate_bias_init) == 2, "fgate_bias_init", "must be a pair (low, high)",
                  self.fgate_bias_init)
+        _require(self.max_positions is None or self.max_positions >= 1, "max_positions", "must be >= 1 or empty",
+                 self.max_positions)
+        _require(self.max_positions is None or self.window <= self.max_positions, "window",
+                 f"must be <= max_positions={self.max_positions} (the positions the model was trained on)",
+                 self.window)
+        self._check_rope_scale()
         self._check_kernels()
+
+    def _check_rope_scale(self) -> None:
+        if self.rope_scale is None:
+            return
+        scale = self.rope_scale
+        _require(isinstance(scale, dict) and scale.get("type") in ROPE_SCALE_KEYS, "rope_scale",
+                 f"must be empty or a mapping with type one of {sorted(ROPE_SCALE_KEYS)}", scale)
+        keys = ROPE_SCALE_KEYS[scale["type"]]
+        _require(set(scale) == {"type", *keys}, "rope_scale",
+                 f"of type {scale['type']} takes exactly the keys type, {', '.join(keys)}", scale)
+        _require(all(isinstance(scale[k], (int, float)) and scale[k] > 0 for k in keys), "rope_scale",
+                 "values must be numbers > 0", scale)
+        if scale["type"] == "llama3":
+            _require(scale["high_freq_factor"] > scale["low_freq_factor"], "rope_scale",
+                     "high_freq_factor must be > low_freq_factor", scale)
+        if scale["type"] == "dynamic":
+            _require(self.max_positions is not None, "max_positions", "must be set for rope_scale type dynamic",
+                     self.max_positions)
 
     def _check_kernels(self) -> None:
         """Every backend constraint (installed, head dims, sinks, chunk size), checked only for the layer kinds the

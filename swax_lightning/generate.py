@@ -7,7 +7,10 @@
 The model config and the tokenizer come from the checkpoint (a single-file checkpoint; make one of a distributed
 checkpoint with `python -m swax_lightning.checkpoints <folder>`). `--window` and `--n_sink`
 override the sliding-window layers' window and sink count at inference; with `--convert_full_attention` the
-full-attention layers become SWA(window, n_sink) too (paper 2's training-free SWA with sinks).
+full-attention layers become SWA(window, n_sink) too (paper 2's training-free SWA with sinks, e.g. on a model
+imported with swax-import). `--window` counts the recent keys, the sinks come on top; with
+`--window_includes_sinks true` it counts every key a query sees, the sinks among them. A window larger than a
+pretrained model's positions is refused.
 
 `--prompt` may be repeated, and each value is taken exactly as typed: the command line pulls the prompts out before
 jsonargparse parses the rest (it would read `--prompt X` as a list to parse, and a prompt such as "[1, 2]" as YAML).
@@ -28,7 +31,7 @@ from swax_lightning.inference import continue_texts, override_attention, read_pr
 def main(ckpt_path: str, prompt: list[str] | None = None, prompts_file: str | None = None,
          max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
          window: int | None = None, n_sink: int | None = None, convert_full_attention: bool = False,
-         chunk_len: int = 2048, seed: int = 0, device: str = "cpu") -> list[str]:
+         window_includes_sinks: bool = False, chunk_len: int = 2048, seed: int = 0, device: str = "cpu") -> list[str]:
     """Print the continuation of each prompt.
 
     Args:
@@ -43,6 +46,8 @@ def main(ckpt_path: str, prompt: list[str] | None = None, prompts_file: str | No
         n_sink: Override the number of sink tokens at inference.
         convert_full_attention: Also run the full-attention (A) layers as SWA(window, n_sink): the training-free
             conversion of arXiv 2608.28444 (needs --window; --n_sink defaults to 4).
+        window_includes_sinks: --window counts every key a query sees, the sinks among them (default: the recent
+            keys, current token included, with the sinks on top).
         chunk_len: Prefill chunk length (memory per chunk, not per context).
         seed: Sampling seed.
         device: cpu or cuda.
@@ -51,7 +56,7 @@ def main(ckpt_path: str, prompt: list[str] | None = None, prompts_file: str | No
     if not texts:
         raise ConfigError("give --prompt TEXT or --prompts_file FILE")
     model, tokenizer = load_model(ckpt_path, device)
-    override_attention(model, window, n_sink, convert_full_attention)
+    override_attention(model, window, n_sink, convert_full_attention, window_includes_sinks)
     continuations = continue_texts(model, tokenizer, texts, max_new_tokens, temperature=temperature, top_k=top_k,
                                    top_p=top_p, chunk_len=chunk_len, seed=seed)
     for text, cont in zip(texts, continuations, strict=True):

@@ -11,8 +11,12 @@ Decisions:
   seeded generator, so a run is reproducible.
 - Generation stops per sequence at a stop token (not included in the output), when `should_stop(b, tokens)` says
   so (e.g. a stop string has appeared; checked after each new token), or after max_new_tokens.
-- The window and sink count used at inference are the model's current ones: `model.set_window(w)` /
-  `model.set_sinks(s)` before calling override them (training-free SWA with sinks).
+- The window and sink count used at inference are the model's current ones: `override_attention` (or
+  `model.set_window(w)` / `model.set_sinks(s)`) before calling changes them (training-free SWA with sinks), with the
+  window in either convention (model.swa_window).
+- Text prompts start as the model was trained: the tokenizer's start-of-sequence ids first (`encode_prompt`: the BOS
+  of a Llama-family tokenizer, nothing for the byte tokenizer), and generation stops at any of the tokenizer's
+  end ids (`stop_ids`: end-of-text, and end-of-turn tokens such as <|im_end|> for chat models).
 """
 from __future__ import annotations
 
@@ -21,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from swax_lightning.model import SWAXModel
+from swax_lightning.config import ConfigError
+from swax_lightning.model import SWAXModel, check_window, swa_window
 
 
 def read_prompts(prompts: Sequence[str] | None = None, prompts_file: str | Path | None = None) -> list[str]:
@@ -36,17 +41,22 @@ def read_prompts(prompts: Sequence[str] | None = None, prompts_file: str | Path 
 
 
 def override_attention(model: SWAXModel, window: int | None = None, n_sink: int | None = None,
-                       convert_full_attention: bool = False) -> None:
+                       convert_full_attention: bool = False, window_includes_sinks: bool = False) -> None:
     """Inference-time attention settings: the sliding layers' window and sink count, and optionally full-attention
-    layers run as SWA(window, n_sink) (training-free conversion; 4 sinks unless n_sink is given)."""
+    layers run as SWA(window, n_sink) (training-free conversion; 4 sinks unless n_sink is given).
+    window_includes_sinks: `window` counts every key a query sees, sinks included, instead of the recent keys only
+    (model.swa_window); it needs a window."""
+    if window_includes_sinks and window is None:
+        raise ConfigError("window_includes_sinks needs a window")
     if convert_full_attention:
         if window is None:
-            raise ValueError("convert_full_attention needs a window")
-        model.convert_full_attention(window, 4 if n_sink is None else n_sink)
-    if window is not None:
-        model.set_window(window)
+            raise ConfigError("convert_full_attention needs a window")
+        model.convert_full_attention(window, 4 if n_sink is None else n_sink, window_includes_sinks)
     if n_sink is not None:
         model.set_sinks(n_sink)
+    if window is not None:
+        check_window(model.cfg, window)
+        model.set_window(swa_window(window, model.n_sink, window_includes_sinks))
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int) -> None:
@@ -137,10 +147,10 @@ def generate(model: SWAXModel, prompts: Sequence[Sequence[int]], max_new_tokens:
 
 def continue_texts(model: SWAXModel, tokenizer, texts: Sequence[str], max_new_tokens: int = 128,
                    **decoding) -> list[str]:
-    """Text continuations of text prompts, stopping at the tokenizer's end-of-text; `decoding`: generate's
-    temperature, top_k, top_p, chunk_len, seed."""
-    outputs = generate(model, [tokenizer.encode(t) for t in texts], max_new_tokens,
-                       stop_tokens=[tokenizer.eos_id], **decoding)
+    """Text continuations of text prompts (encoded with the tokenizer's start-of-sequence ids), stopping at any of
+    its end ids; `decoding`: generate's temperature, top_k, top_p, chunk_len, seed."""
+    outputs = generate(model, [tokenizer.encode_prompt(t) for t in texts], max_new_tokens,
+                       stop_tokens=tokenizer.stop_ids, **decoding)
     return [tokenizer.decode(o) for o in outputs]
 
 

@@ -8,7 +8,10 @@ Decisions:
 - Plain single-device PyTorch (torchtitan's rule): no distribution, logging or kernel choice in here. Sharding wraps
   `model.blocks` from outside; kernels are picked in kernels/.
 - `set_window(w)` changes the window of every sliding-window layer at once (one window per step, docs/design.md
-  section 1); `set_sinks(n)` their sink count (an inference-time override).
+  section 1); `set_sinks(n)` their sink count (an inference-time override). A window larger than the positions a
+  pretrained model was trained on (ModelConfig.max_positions) is refused.
+- Training-free SWA with sinks (`convert_full_attention`) takes the window in either convention (`swa_window`): w
+  recent keys plus s sinks (this framework's), or w keys in all with the s sinks among them.
 - The same forward serves streaming inference when given per-block caches and positions (swax_lightning/cache.py,
   swax_lightning/inference.py).
 - Logits are soft-capped (xLSTM-7B) and returned in fp32 (fp64 for an fp64 model) for a stable cross-entropy.
@@ -24,11 +27,35 @@ import torch.nn as nn
 
 from swax_lightning.attention import Attention
 from swax_lightning.building_blocks import MultiHeadLayerNorm, MultiHeadRMSNorm, ShortConv, SwiGLU
-from swax_lightning.config import ModelConfig
+from swax_lightning.config import ConfigError, ModelConfig
 from swax_lightning.deltanet import GatedDeltaNetLayer
 from swax_lightning.kernels.ce.chunked import softcap_cross_entropy_chunked
 from swax_lightning.kernels.util import fp32, soft_cap
 from swax_lightning.mlstm import MLSTMLayer
+
+
+def swa_window(window: int, n_sink: int, window_includes_sinks: bool = False) -> int:
+    """The window W the layers use (recent keys, the current token included; the n_sink sinks come on top) for
+    SWA(window, n_sink) in either convention: window_includes_sinks False: window recent keys plus the sinks (W =
+    window); True: window keys in all, the sinks among them (W = window - n_sink, which must be >= 1). Both see the
+    same keys once the sinks have left the window; before that every earlier key."""
+    if n_sink < 0:
+        raise ConfigError(f"n_sink must be >= 0 (got {n_sink})")
+    if not window_includes_sinks:
+        return window
+    if window <= n_sink:
+        raise ConfigError(f"window {window} counted with its {n_sink} sinks (window_includes_sinks) leaves no recent "
+                          f"key: give a window > n_sink")
+    return window - n_sink
+
+
+def check_window(cfg: ModelConfig, window: int) -> None:
+    """A window must be >= 1 and, for a pretrained model, within the positions it was trained on (max_positions)."""
+    if window < 1:
+        raise ConfigError(f"window must be >= 1 (got {window})")
+    if cfg.max_positions is not None and window > cfg.max_positions:
+        raise ConfigError(f"window {window} is larger than the {cfg.max_positions} positions the model was trained "
+                          f"on (ModelConfig.max_positions): give a window <= {cfg.max_positions}")
 
 
 def make_mixer(kind: str, cfg: ModelConfig) -> nn.Module:
@@ -110,9 +137,9 @@ class SWAXModel(nn.Module):
                 if isinstance(b.mixer, Attention) and (sliding is None or b.mixer.sliding == sliding)]
 
     def set_window(self, window: int) -> None:
-        """Window of every sliding-window layer (full-attention and recurrent layers are unaffected)."""
-        if window < 1:
-            raise ValueError(f"window must be >= 1 (got {window})")
+        """Window of every sliding-window layer, in recent keys (full-attention and recurrent layers are
+        unaffected)."""
+        check_window(self.cfg, window)
         for layer in self.attention_layers(sliding=True):
             layer.window = int(window)
 
@@ -121,6 +148,11 @@ class SWAXModel(nn.Module):
         """The current window of the sliding-window layers (None when the model has none)."""
         return next((layer.window for layer in self.attention_layers(sliding=True)), None)
 
+    @property
+    def n_sink(self) -> int:
+        """The current sink count of the sliding-window layers (0 when the model has none)."""
+        return next((layer.n_sink for layer in self.attention_layers(sliding=True)), 0)
+
     def num_params(self, exclude_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
         return n - self.embed.weight.numel() if exclude_embedding and not self.cfg.tie_embeddings else n
@@ -128,17 +160,19 @@ class SWAXModel(nn.Module):
     def set_sinks(self, n_sink: int) -> None:
         """Sink-token count of every sliding-window layer (an inference-time override)."""
         if n_sink < 0:
-            raise ValueError(f"n_sink must be >= 0 (got {n_sink})")
+            raise ConfigError(f"n_sink must be >= 0 (got {n_sink})")
         for layer in self.attention_layers(sliding=True):
             layer.n_sink = int(n_sink)
 
-    def convert_full_attention(self, window: int, n_sink: int) -> None:
+    def convert_full_attention(self, window: int, n_sink: int, window_includes_sinks: bool = False) -> None:
         """Turn every full-attention layer (A) into sliding-window attention with sinks, SWA(window, n_sink): the
-        training-free conversion of arXiv 2608.28444. With window >= T it is exactly full attention."""
-        if window < 1 or n_sink < 0:
-            raise ValueError(f"window must be >= 1 and n_sink >= 0 (got {window}, {n_sink})")
+        training-free conversion of arXiv 2608.28444 (the mask changes; weights and RoPE positions stay the ones the
+        model was trained with). window_includes_sinks: the convention of `window` (swa_window). With a window >= T
+        it is exactly full attention."""
+        check_window(self.cfg, window)
+        recent = swa_window(window, n_sink, window_includes_sinks)
         for layer in self.attention_layers(sliding=False):
-            layer.sliding, layer.window, layer.n_sink = True, int(window), int(n_sink)
+            layer.sliding, layer.window, layer.n_sink = True, recent, int(n_sink)
 
     def new_caches(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> list:
         """Empty inference state, one per block, for the current window and sink settings."""

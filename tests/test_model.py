@@ -86,10 +86,41 @@ def test_bf16_autocast_forward_backward_finite():
     ("mlstm_heads", 3),       # does not divide the q/k width
     ("deltanet_heads", 3),
     ("norm_eps", 0.0),
+    ("max_positions", 0),
+    ("rope_scale", {"type": "yarn", "factor": 4.0}),
+    ("rope_scale", {"type": "linear"}),                        # factor missing
+    ("rope_scale", {"type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
+                    "original_max_position_embeddings": 64}),  # high <= low
 ])
 def test_bad_config_names_the_field(field, value):
     with pytest.raises(ConfigError, match=rf"ModelConfig\.{field}\b|{field}"):
         ModelConfig(**(SMALL | {"n_layers": 2, field: value}))
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"window": 300, "max_positions": 256}, r"ModelConfig\.window must be <= max_positions=256"),
+    ({"rope_scale": {"type": "dynamic", "factor": 2.0}}, r"ModelConfig\.max_positions must be set for rope_scale"),
+])
+def test_pretrained_fields_are_checked_together(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        ModelConfig(**(SMALL | {"n_layers": 2} | changes))
+
+
+@pytest.mark.parametrize("includes_sinks, reached", [(False, range(5, 11)), (True, range(5, 9))])
+def test_window_conventions_of_the_training_free_conversion(includes_sinks, reached):
+    """One full-attention layer run as SWA(6, 2): token 5 reaches the 6 positions 5 .. 10 when the window counts the
+    recent keys, the 4 positions 5 .. 8 when it counts the 2 sinks too; a sink (token 1) reaches every later one."""
+    model = _model("A", n_layers=1)
+    model.convert_full_attention(6, 2, window_includes_sinks=includes_sinks)
+    idx = torch.randint(0, 50, (1, 20))
+    with torch.no_grad():
+        for token, expected in ((5, reached), (1, range(1, 20))):
+            changed = idx.clone()
+            changed[:, token] = (changed[:, token] + 1) % 50
+            diff = (model(idx) - model(changed)).abs().amax(-1)[0]
+            assert [t for t in range(20) if diff[t] > 0] == list(expected)
+    with pytest.raises(ConfigError, match="leaves no recent key"):
+        model.convert_full_attention(2, 2, window_includes_sinks=True)
 
 
 def test_set_window_rejects_bad_value():

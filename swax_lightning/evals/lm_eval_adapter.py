@@ -12,13 +12,16 @@ PYTHONPATH):
         --model_args ckpt_path=runs/tiny/w64/checkpoints/last.ckpt,window=2048 --tasks arc_easy --batch_size 8
 
 Model arguments: ckpt_path (a single-file checkpoint of `main.py fit`; the tokenizer comes with it), window and n_sink
-(evaluation overrides), chunk_len (prefill chunk), max_gen_toks (default 256), seed (sampling); the harness's own
-batch_size ("auto" means 8 here), max_batch_size and device (cuda falls back to the CPU when there is no GPU) are
-accepted.
+(evaluation overrides), convert_full_attention (full-attention layers run as SWA(window, n_sink)) and
+window_includes_sinks (the window's convention: swax_lightning.inference.override_attention), chunk_len (prefill
+chunk), max_gen_toks (default 256), seed (sampling); the harness's own batch_size ("auto" means 8 here),
+max_batch_size and device (cuda falls back to the CPU when there is no GPU) are accepted.
 
 Decisions, following the harness's reference HF model where it defines the behaviour:
-- Context and continuation: trailing spaces of the context move to the continuation, the pair is tokenized whole and
-  split after the context's tokens; an empty context becomes the end-of-text token. An empty continuation scores
+- Context and continuation: trailing spaces of the context move to the continuation, the pair is tokenized whole (after
+  the tokenizer's start-of-sequence ids, e.g. a Llama-family BOS: tokenizer.encode_prompt) and split after the
+  context's tokens; an empty context becomes the start-of-sequence ids, or the end-of-text token for a tokenizer
+  without them. Generation stops at any of the tokenizer's end ids (stop_ids). An empty continuation scores
   (0.0, True); an empty document has log-likelihood 0.0.
 - generate_until: the token budget is max_gen_toks or one of its aliases (max_new_tokens, max_tokens,
   max_completion_tokens), read by the harness's own normalize_gen_kwargs in its order of precedence; `until` strings
@@ -75,7 +78,8 @@ def _device(requested: str | None) -> str:
 class SwaxLM(LM):
     def __init__(self, model=None, tokenizer=None, ckpt_path: str | None = None, chunk_len: int = 2048,
                  batch_size: int | str | None = 1, max_batch_size: int | None = None, device: str | None = None,
-                 window: int | None = None, n_sink: int | None = None, max_gen_toks: int = 256, seed: int = 0):
+                 window: int | None = None, n_sink: int | None = None, convert_full_attention: bool = False,
+                 window_includes_sinks: bool = False, max_gen_toks: int = 256, seed: int = 0):
         super().__init__()
         if model is None:
             if not ckpt_path:
@@ -85,7 +89,7 @@ class SwaxLM(LM):
             model, tokenizer = load_model(ckpt_path, _device(device))
         elif tokenizer is None:
             raise ValueError("SwaxLM: a model needs its tokenizer")
-        override_attention(model, window, n_sink)
+        override_attention(model, window, n_sink, convert_full_attention, window_includes_sinks)
         self.model, self.tokenizer, self.chunk_len = model.eval(), tokenizer, int(chunk_len)
         self.batch = min(_batch_size(batch_size), int(max_batch_size or 1 << 30))
         self.max_gen_toks, self.seed, self.batches_generated = int(max_gen_toks), int(seed), 0
@@ -96,9 +100,13 @@ class SwaxLM(LM):
         if spaces:
             context, continuation = context[:-spaces], context[-spaces:] + continuation
         if not context:
-            return [self.tokenizer.eos_id], self.tokenizer.encode(continuation)
-        whole, head = self.tokenizer.encode(context + continuation), self.tokenizer.encode(context)
+            return self._start(), self.tokenizer.encode(continuation)
+        whole, head = self.tokenizer.encode_prompt(context + continuation), self.tokenizer.encode_prompt(context)
         return head, whole[len(head):]
+
+    def _start(self) -> list[int]:
+        """What an empty context becomes: the start-of-sequence ids, or end-of-text when the tokenizer has none."""
+        return list(self.tokenizer.bos_ids) or [self.tokenizer.eos_id]
 
     @torch.no_grad()
     def _score(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
@@ -135,7 +143,7 @@ class SwaxLM(LM):
         return self._batched(pairs, disable_tqdm, "loglikelihood")
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-        pairs = [([self.tokenizer.eos_id], self.tokenizer.encode(request.args[0])) for request in requests]
+        pairs = [(self._start(), self.tokenizer.encode(request.args[0])) for request in requests]
         return [total for total, _ in self._batched(pairs, disable_tqdm, "loglikelihood_rolling")]
 
     # ---- generation -------------------------------------------------------------------------------------------
@@ -152,14 +160,14 @@ class SwaxLM(LM):
         return until, budget, settings
 
     def _generate_batch(self, contexts: list[str], until: list[str], budget: int, settings: dict) -> list[str]:
-        prompts = [self.tokenizer.encode(c) or [self.tokenizer.eos_id] for c in contexts]
+        prompts = [self.tokenizer.encode_prompt(c) or self._start() for c in contexts]
 
         def stopped(_, tokens: list[int]) -> bool:
             text = self.tokenizer.decode(tokens)
             return any(s in text for s in until)
 
         self.batches_generated += 1  # a new seed per batch: repeated prompts get different samples, reproducibly
-        outputs = generate(self.model, prompts, budget, stop_tokens=[self.tokenizer.eos_id], chunk_len=self.chunk_len,
+        outputs = generate(self.model, prompts, budget, stop_tokens=self.tokenizer.stop_ids, chunk_len=self.chunk_len,
                            seed=self.seed + self.batches_generated, should_stop=stopped if until else None,
                            **settings)
         texts = [self.tokenizer.decode(o) for o in outputs]

@@ -33,10 +33,13 @@ from swax_lightning.evals import babilong, ruler
 from swax_lightning.evals.cost import estimate
 from swax_lightning.evals.reports import flat_metrics, heatmap_figure, markdown, summarize, write_reports
 from swax_lightning.inference import continue_texts, override_attention
+from swax_lightning.model import check_window
 from swax_lightning.parallel import evaluation_model
 from swax_lightning.runs import checkpoint_identity, run_folder
 
 BABILONG_NEW_TOKENS = babilong.MAX_NEW_TOKENS
+WINDOW_CONVENTIONS = {False: "window = recent keys (current token included); the sinks come on top",
+                      True: "window = every key a query sees, the sinks among them"}
 INTERVAL_NOTE = ("95% Wilson score intervals on the mean share; exact in spirit for 0/100 scores, an approximation "
                  "for the partial scores of niah_multivalue and niah_multiquery")
 
@@ -65,9 +68,13 @@ class EvalSuite(Callback):
         lm_eval_tasks: lm-evaluation-harness task names (arc_easy, arc_challenge, hellaswag, mbpp, or your own).
         lm_eval_include_path: Folder of extra task YAML files (e.g. local, offline task definitions).
         lm_eval_limit: Examples per lm-eval task (empty = all).
-        window: Evaluation window override for the sliding-window layers (empty = the window callback's).
+        window: Evaluation window override for the sliding-window layers (empty = the window callback's), in the
+            convention window_includes_sinks says.
         n_sink: Sink-token override for the sliding-window layers.
         convert_full_attention: Also run full-attention layers as SWA(window, n_sink) (training-free conversion).
+        window_includes_sinks: `window` counts every key a query sees, the n_sink sinks among them; false (the
+            framework's convention): `window` recent keys, current token included, plus the sinks. Recorded in
+            results.json with the recent-key window it gives.
         max_new_tokens: Generation budget of NIAH (RULER: 128); BABILong uses 20, as its own scripts.
         chunk_len: Prefill chunk length.
         essay_file: Text file for the essay haystack and the BABILong filler (empty = generated prose, essay.py).
@@ -83,7 +90,8 @@ class EvalSuite(Callback):
                  recall_edges: list[int] | None = None, recall_samples: int = 16,
                  lm_eval_tasks: list[str] | None = None, lm_eval_include_path: str | None = None,
                  lm_eval_limit: int | None = None, window: int | None = None, n_sink: int | None = None,
-                 convert_full_attention: bool = False, max_new_tokens: int = 128, chunk_len: int = 2048,
+                 convert_full_attention: bool = False, window_includes_sinks: bool = False,
+                 max_new_tokens: int = 128, chunk_len: int = 2048,
                  essay_file: str | None = None, output_dir: str | None = None, seed: int = 0):
         self.niah_tasks, self.babilong_tasks = list(niah_tasks or []), list(babilong_tasks or [])
         self.lm_eval_tasks = list(lm_eval_tasks or [])
@@ -119,6 +127,9 @@ class EvalSuite(Callback):
             bucket_distances(self.recall_edges, 1, seed)  # checks the edges now, not after the test loop
         self.lm_eval_include_path, self.lm_eval_limit = lm_eval_include_path, lm_eval_limit
         self.window, self.n_sink, self.convert_full_attention = window, n_sink, convert_full_attention
+        self.window_includes_sinks = window_includes_sinks
+        if window_includes_sinks and window is None:
+            raise ValueError("EvalSuite.window_includes_sinks needs EvalSuite.window")
         self.max_new_tokens, self.chunk_len, self.seed = max_new_tokens, chunk_len, seed
         self.essay_file = essay_file
         self.essay = Path(essay_file).read_text() if essay_file else None
@@ -129,9 +140,17 @@ class EvalSuite(Callback):
         return bool(self.niah_tasks or self.babilong_tasks or self.lm_eval_tasks or self.perplexity_len
                     or self.recall_edges)
 
+    def check_model(self, arch) -> None:
+        """The window override must fit the model's positions (ModelConfig.max_positions of a pretrained model); the
+        CLI calls this at start-up, setup again for a Trainer run without it."""
+        if self.window is not None:
+            check_window(arch, self.window)
+
     def setup(self, trainer, pl_module, stage: str) -> None:
-        """Before fit or test does any work: every NIAH length must hold a task's needles and question with this
-        tokenizer (otherwise a study arm failed only in its test, after training)."""
+        """Before fit or test does any work: the window override must fit the model's positions, and every NIAH
+        length must hold a task's needles and question with this tokenizer (otherwise a study arm failed only in its
+        test, after training)."""
+        self.check_model(pl_module.arch)
         if not self.niah_tasks or trainer.datamodule is None:
             return
         generator = ruler.NIAHGenerator(trainer.datamodule.tokenizer, self.max_new_tokens, self.essay, self.seed)
@@ -149,7 +168,7 @@ class EvalSuite(Callback):
             return
         was_training, window = model.training, model.window
         model.eval()
-        override_attention(model, self.window, self.n_sink, self.convert_full_attention)
+        override_attention(model, self.window, self.n_sink, self.convert_full_attention, self.window_includes_sinks)
         print(estimate(self, model), flush=True)
         results = {"settings": self._settings(model, data.tokenizer)
                    | {"checkpoint": checkpoint_identity(trainer.ckpt_path, trainer.global_step)}, "samples": []}
@@ -194,6 +213,8 @@ class EvalSuite(Callback):
                 "recall_edges": self.recall_edges, "recall_samples": self.recall_samples,
                 "max_new_tokens": self.max_new_tokens, "seed": self.seed,
                 "convert_full_attention": self.convert_full_attention, "n_sink": self.n_sink,
+                "window_override": self.window, "window_includes_sinks": self.window_includes_sinks,
+                "window_convention": WINDOW_CONVENTIONS[self.window_includes_sinks], "sinks": model.n_sink,
                 "haystack": "essay_file" if self.essay_file else "generated prose (swax_lightning/evals/essay.py)",
                 "regenerate": regenerate}
 
