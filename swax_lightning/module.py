@@ -26,7 +26,7 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torchmetrics.aggregation import MeanMetric
 
-from swax_lightning.config import ConfigError, ModelConfig
+from swax_lightning.config import ConfigError, ModelConfig, require
 from swax_lightning.inference import continue_texts, show_continuation
 from swax_lightning.model import SWAXModel
 from swax_lightning.parallel import build_local, build_sharded, fsdp_mesh, mixed_precision_policy
@@ -54,9 +54,9 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)
-        _require(self.lr > 0, "OptimConfig.lr", "must be > 0", self.lr)
-        _require(0 <= self.min_lr_ratio <= 1, "OptimConfig.min_lr_ratio", "must be in [0, 1]", self.min_lr_ratio)
-        _require(self.warmup_steps >= 0, "OptimConfig.warmup_steps", "must be >= 0", self.warmup_steps)
+        require(self.lr > 0, "OptimConfig.lr", "must be > 0", self.lr)
+        require(0 <= self.min_lr_ratio <= 1, "OptimConfig.min_lr_ratio", "must be in [0, 1]", self.min_lr_ratio)
+        require(self.warmup_steps >= 0, "OptimConfig.warmup_steps", "must be >= 0", self.warmup_steps)
 
     def lr_factor(self, step: int, total_steps: int) -> float:
         """Multiplier of lr at an optimizer step: warmup, then cosine from 1 to min_lr_ratio."""
@@ -87,16 +87,11 @@ class GenerationConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _require(self.max_new_tokens >= 0, "GenerationConfig.max_new_tokens", "must be >= 0", self.max_new_tokens)
-        _require(self.temperature >= 0, "GenerationConfig.temperature", "must be >= 0 (0 = greedy)", self.temperature)
-        _require(self.top_k >= 0, "GenerationConfig.top_k", "must be >= 0 (0 = all)", self.top_k)
-        _require(0 < self.top_p <= 1, "GenerationConfig.top_p", "must be in (0, 1]", self.top_p)
-        _require(self.chunk_len >= 1, "GenerationConfig.chunk_len", "must be >= 1", self.chunk_len)
-
-
-def _require(ok: bool, field_name: str, rule: str, value) -> None:
-    if not ok:
-        raise ConfigError(f"{field_name} {rule} (got {value!r})")
+        require(self.max_new_tokens >= 0, "GenerationConfig.max_new_tokens", "must be >= 0", self.max_new_tokens)
+        require(self.temperature >= 0, "GenerationConfig.temperature", "must be >= 0 (0 = greedy)", self.temperature)
+        require(self.top_k >= 0, "GenerationConfig.top_k", "must be >= 0 (0 = all)", self.top_k)
+        require(0 < self.top_p <= 1, "GenerationConfig.top_p", "must be in (0, 1]", self.top_p)
+        require(self.chunk_len >= 1, "GenerationConfig.chunk_len", "must be >= 1", self.chunk_len)
 
 
 def _as_config(value, config_class):
