@@ -385,6 +385,23 @@ def quiet_lightning() -> None:
         warnings.filterwarnings("ignore", message=pattern)
 
 
+class _ParseOnly(SwaxCLI):
+    """The settings only: nothing is seeded or built, no file is read but the configs."""
+
+    def _set_seed(self) -> None:
+        pass
+
+    def instantiate_classes(self) -> None:
+        pass
+
+
+def read_run_config(path: str | Path) -> dict:
+    """A run config file's settings exactly as `main.py` reads them (extends:, section files, every default), as
+    plain data, without building the model, data or trainer: for tools such as the memory estimate."""
+    return without_paths(_ParseOnly(LanguageModule, TextDataModule, run=False, args=["--config", str(path)],
+                                    seed_everything_default=0).config.as_dict())
+
+
 def main(args: list[str] | None = None) -> None:
     """`python main.py ...` and the `swax` console script: runs the command line `args` (default: sys.argv[1:])."""
     quiet_lightning()
