@@ -360,3 +360,12 @@ def test_version(tmp_path):
 
     run = _main("--version", cwd=tmp_path)
     assert run.returncode == 0 and f"swax-lightning {__version__}" in run.stdout, run.stderr
+
+
+def test_a_babilong_length_too_short_is_refused_before_niah_runs(tmp_path, tiny_checkpoint):
+    """BABILong lengths were checked only when BABILong ran, after NIAH's work; now both at start-up, one line."""
+    test = _main("test", *_overrides(tmp_path), "--ckpt_path", str(tiny_checkpoint), "--eval.niah_tasks",
+                 "[niah_single_1]", "--eval.niah_lengths", "[1024]", "--eval.niah_samples", "40",
+                 "--eval.babilong_tasks", "[qa3]", "--eval.babilong_lengths", "[600]", cwd=tmp_path)
+    assert test.returncode == 2 and "RULER NIAH" not in test.stderr + test.stdout, test.stderr[-2000:]
+    assert _one_error_line(test.stderr).startswith("error: EvalSuite.babilong_lengths: qa3: length 600 is too short")

@@ -29,6 +29,7 @@ from pathlib import Path
 from lightning.pytorch.callbacks import Callback
 from tqdm import tqdm
 
+from swax_lightning.config import ConfigError
 from swax_lightning.evals import babilong, ruler
 from swax_lightning.evals.cost import estimate
 from swax_lightning.evals.reports import flat_metrics, heatmap_figure, markdown, summarize, write_reports
@@ -42,6 +43,14 @@ WINDOW_CONVENTIONS = {False: "window = recent keys (current token included); the
                       True: "window = every key a query sees, the sinks among them"}
 INTERVAL_NOTE = ("95% Wilson score intervals on the mean share; exact in spirit for 0/100 scores, an approximation "
                  "for the partial scores of niah_multivalue and niah_multiquery")
+
+
+def _first_sample_fits(field_name: str, make_sample) -> None:
+    """Builds one sample, so that a length too short for it is refused now, naming the field."""
+    try:
+        make_sample()
+    except ValueError as err:
+        raise ConfigError(f"EvalSuite.{field_name}: {err}") from None
 
 
 class EvalSuite(Callback):
@@ -147,18 +156,23 @@ class EvalSuite(Callback):
             check_window(arch, self.window)
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        """Before fit or test does any work: the window override must fit the model's positions, and every NIAH
-        length must hold a task's needles and question with this tokenizer (otherwise a study arm failed only in its
-        test, after training)."""
+        """Before fit or test does any work: the window override must fit the model's positions, and every NIAH and
+        generated BABILong length must hold its task's story, needles and question with this tokenizer (otherwise a
+        study arm failed only in its test, after training, or BABILong after NIAH had run)."""
         self.check_model(pl_module.arch)
-        if not self.niah_tasks or trainer.datamodule is None:
+        if trainer.datamodule is None:
             return
-        generator = ruler.NIAHGenerator(trainer.datamodule.tokenizer, self.max_new_tokens, self.essay, self.seed)
+        tokenizer = trainer.datamodule.tokenizer
+        niah = ruler.NIAHGenerator(tokenizer, self.max_new_tokens, self.essay, self.seed)
+        shortest = min(self.niah_lengths, default=0)
         for task in self.niah_tasks:
-            try:
-                generator.sample(task, min(self.niah_lengths), self.niah_depths[0], 0)
-            except ValueError as err:
-                raise ValueError(f"EvalSuite.niah_lengths: {err}") from None
+            _first_sample_fits("niah_lengths", lambda task=task: niah.sample(task, shortest, self.niah_depths[0], 0))
+        if self.babilong_data_dir:
+            return  # the official files: split names are checked at construction
+        stories = babilong.BabiLongGenerator(tokenizer, BABILONG_NEW_TOKENS, self.essay, self.seed)
+        for task in self.babilong_tasks:
+            for length in (n for n in self.babilong_lengths if n):  # 0: the facts alone, always fits
+                _first_sample_fits("babilong_lengths", lambda task=task, length=length: stories.sample(task, length, 0))
 
     def on_test_end(self, trainer, pl_module) -> None:
         if not self.enabled:
