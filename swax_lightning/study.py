@@ -30,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from swax_lightning.runs import run_dir
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -40,9 +42,9 @@ def arm_files(folder: Path) -> list[Path]:
     return arms
 
 
-def run_dir(config: Path, seed: int, save_dir: Path) -> Path:
-    """runs/<study folder name>/<arm file stem>-s<seed>"""
-    return save_dir / config.parent.name / f"{config.stem}-s{seed}"
+def arm_run_dir(config: Path, seed: int, save_dir: Path) -> Path:
+    """runs/<study folder name>/<arm file stem>-s<seed>: the run folder main.py gives --experiment and --arm."""
+    return run_dir(save_dir, config.parent.name, f"{config.stem}-s{seed}")
 
 
 def _main(subcommand: str, config: Path, seed: int, save_dir: Path, extra: list[str], *more: str) -> None:
@@ -54,7 +56,7 @@ def _main(subcommand: str, config: Path, seed: int, save_dir: Path, extra: list[
 
 
 def run_one(config: Path, seed: int, save_dir: Path, extra: list[str]) -> str:
-    folder = run_dir(config, seed, save_dir)
+    folder = arm_run_dir(config, seed, save_dir)
     if (folder / "eval/results.json").is_file():
         return "done before"
     ckpt, fitted = folder / "checkpoints/last.ckpt", folder / "fit.done"
@@ -198,8 +200,9 @@ def main(argv: list[str] | None = None) -> None:
     for config in arm_files(args.folder):
         for seed in args.seeds:
             status = run_one(config, seed, args.save_dir, extra)
-            print(f"[{time.monotonic() - start:7.0f} s] {run_dir(config, seed, args.save_dir)}: {status}", flush=True)
-    print(collect(run_dir(arm_files(args.folder)[0], args.seeds[0], args.save_dir).parent))
+            folder = arm_run_dir(config, seed, args.save_dir)
+            print(f"[{time.monotonic() - start:7.0f} s] {folder}: {status}", flush=True)
+    print(collect(arm_run_dir(arm_files(args.folder)[0], args.seeds[0], args.save_dir).parent))
 
 
 if __name__ == "__main__":

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections import defaultdict
-from functools import partial
 from pathlib import Path
+
+from swax_lightning import atomic
 
 Z95 = 1.959963984540054
 
@@ -180,21 +180,16 @@ def markdown(results: dict, with_settings: bool = True) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _replace(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def write_reports(results: dict, out_dir: Path) -> None:
     """results.json, results.md and (NIAH) niah_heatmap.png (all tasks) and niah_heatmap_<task>.png in out_dir."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    _replace(out_dir / "results.json", lambda p: p.write_text(json.dumps(results, indent=2)))
-    _replace(out_dir / "results.md", lambda p: p.write_text(markdown(results)))
+    atomic.write_text(out_dir / "results.json", json.dumps(results, indent=2))
+    atomic.write_text(out_dir / "results.md", markdown(results))
     if "niah" in results:
         import matplotlib.pyplot as plt
 
         for task in (None, *results["niah"]["depth_x_length_by_task"]):
             fig = heatmap_figure(results["niah"], task)
-            _replace(out_dir / f"niah_heatmap{'_' + task if task else ''}.png", partial(fig.savefig, dpi=100))
+            with atomic.written_atomically(out_dir / f"niah_heatmap{'_' + task if task else ''}.png") as tmp:
+                fig.savefig(tmp, dpi=100, format="png")
             plt.close(fig)
