@@ -35,6 +35,16 @@ Decisions:
   checked and uploaded once for the whole cluster (global rank 0), and streamed by litdata from the bucket through
   that cache on every node.
 - Resume mid-epoch is Lightning's: it saves the StreamingDataLoader state in the checkpoint.
+- Validation and test read the split as one fixed list of batches, the same whatever the number of ranks (batch j =
+  blocks j * batch_size ... (j + 1) * batch_size - 1; the last one may be shorter): rank r of W takes batches
+  r, r + W, r + 2W, ... and every rank gets exactly ceil(n / W), the missing ones being padding batches (a real
+  batch again, weight 0: it runs the forward, which under FSDP2 needs every rank for its all-gathers, and counts in
+  no metric). So no rank waits for one that has more batches, and the token-weighted losses equal those of a
+  1-process run over the same batches (float summation order aside). litdata's own split deals whole chunks to the
+  ranks (9 and 11 validation batches on 2 ranks), and Lightning's DistributedSampler pads by repeating real samples,
+  which would count them twice. `limit_val_batches` / `limit_test_batches` are Lightning's, applied by each rank to
+  its ceil(n / W) batches: an integer L on W ranks evaluates the first L x W batches of the list (those a 1-process
+  run with limit L x W evaluates), the same on every rank, so the counts stay equal with a limit too.
 - Bits per byte needs bytes per token; it is measured on the validation split when the shards are written and kept
   in meta.json (exactly 1 minus the end-of-text share for the byte tokenizer).
 """
@@ -42,6 +52,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import multiprocessing
 import os
 import random
@@ -57,10 +68,11 @@ from pathlib import Path
 
 import lightning as L
 import numpy as np
+import torch
 from litdata import StreamingDataLoader, StreamingDataset, TokensLoader, optimize
 from litdata.processing.data_processor import DataProcessor
 from litdata.streaming.resolver import Dir
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from swax_lightning import atomic
 from swax_lightning.corpus import EMBEDDED, document_refs, read_documents, split_of
@@ -142,6 +154,34 @@ def staged_tokens(position: int, staging: Path, split: str):
     tokens = np.load(staging / f"{position}.npz")[split]
     if tokens.size:
         yield tokens
+
+
+class HeldOutBatches(Dataset):
+    """A held-out split as the fixed list of batches every run reads (module docstring): item j < n is batch j,
+    {"tokens": [rows, block] tensor, "weight": 1.0}; item j >= n is a padding batch, batch j mod n with weight 0.0."""
+
+    def __init__(self, blocks: StreamingDataset, n_blocks: int, batch_size: int):
+        self.blocks, self.n_blocks, self.batch_size = blocks, n_blocks, batch_size
+        self.n_batches = math.ceil(n_blocks / batch_size)
+
+    def __len__(self) -> int:
+        return self.n_batches
+
+    def __getitem__(self, j: int) -> dict:
+        start = (j % self.n_batches) * self.batch_size
+        rows = [torch.as_tensor(self.blocks[i]) for i in range(start, min(start + self.batch_size, self.n_blocks))]
+        return {"tokens": torch.stack(rows), "weight": 1.0 if j < self.n_batches else 0.0}
+
+
+class DealtSampler(DistributedSampler):
+    """Rank r of W takes batches r, r + W, ... up to ceil(n / W) of them, indices >= n standing for padding batches
+    (HeldOutBatches). A DistributedSampler, so that Lightning keeps it instead of injecting its own."""
+
+    def __init__(self, batches: HeldOutBatches, num_replicas: int, rank: int):
+        super().__init__(batches, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
+
+    def __iter__(self):
+        return iter(range(self.rank, self.total_size, self.num_replicas))
 
 
 class TextDataModule(L.LightningDataModule):
@@ -367,11 +407,13 @@ class TextDataModule(L.LightningDataModule):
             self.datasets[split] = self.blocks(split, self.seq_len + 1, shuffle=(split == "train"))
 
     def blocks(self, split: str, block_size: int, shuffle: bool = False) -> StreamingDataset:
-        """The split as blocks of `block_size` tokens, streamed from the local folder or from the bucket."""
+        """The split as blocks of `block_size` tokens, streamed from the local folder or from the bucket. drop_last
+        only matters to litdata's iteration, which reads the training split; the held-out splits are read by index
+        (HeldOutBatches, perplexity.py), where it changes nothing but litdata's warning about it."""
         where = Dir(path=str(self.data_dir / split), url=f"{self.remote}/{split}") if self.remote else \
             str(self.data_dir / split)
         return StreamingDataset(where, item_loader=TokensLoader(block_size=block_size), shuffle=shuffle,
-                                drop_last=shuffle, seed=self.seed, storage_options=self.storage_options)
+                                drop_last=True, seed=self.seed, storage_options=self.storage_options)
 
     def _folder(self) -> RemoteFolder:
         return RemoteFolder(self.remote, self.storage_options)
@@ -436,18 +478,26 @@ class TextDataModule(L.LightningDataModule):
                              f"{devices} device(s) x {max(1, self.num_workers)} worker(s) = {needed}; add text, or "
                              f"lower batch_size / seq_len / num_workers")
 
-    def _loader(self, split: str) -> StreamingDataLoader:
-        return StreamingDataLoader(self.datasets[split], batch_size=self.batch_size, num_workers=self.num_workers,
-                                   drop_last=(split == "train"))
-
     def train_dataloader(self):
-        return self._loader("train")
+        return StreamingDataLoader(self.datasets["train"], batch_size=self.batch_size, num_workers=self.num_workers,
+                                   drop_last=True)
 
     def val_dataloader(self):
-        return self._loader("val")
+        return self._held_out_loader("val")
 
     def test_dataloader(self):
-        return self._loader("test")
+        return self._held_out_loader("test")
+
+    def _held_out_loader(self, split: str) -> DataLoader:
+        """This rank's share of the split's batches, padded to the same count on every rank (module docstring)."""
+        batches = HeldOutBatches(self.datasets[split], self.block_count(split, self.seq_len + 1), self.batch_size)
+        ranks = getattr(self.trainer, "distributed_sampler_kwargs", None) or {"num_replicas": 1, "rank": 0}
+        return DataLoader(batches, batch_size=None, sampler=DealtSampler(batches, **ranks),
+                          num_workers=self.num_workers)
+
+    def block_count(self, split: str, block_size: int) -> int:
+        """Blocks of `block_size` tokens in the whole split (litdata's len() is this rank's share)."""
+        return split_blocks(self.data_dir / split, block_size)
 
     def predict_dataloader(self):
         """Batches of prompt strings (data.prompts, then the lines of data.prompts_file)."""

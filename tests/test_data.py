@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -118,9 +119,55 @@ def test_splits_are_disjoint_by_document(source):
 
 def test_test_loader_reads_the_test_split_not_validation(prepared, source):
     """test/loss is held-out text: the test loader streams the test documents, none of the validation ones."""
-    streamed = [t for batch in prepared.test_dataloader() for block in batch.tolist() for t in block]
+    streamed = [t for batch in prepared.test_dataloader() for block in batch["tokens"].tolist() for t in block]
     assert streamed == _stream(source, "test")[:len(streamed)] and streamed
     assert streamed[:SEQ + 1] != _stream(source, "val")[:SEQ + 1]
+
+
+def _held_out_on(dm, ranks, rank, split="test"):
+    """The held-out loader rank `rank` of `ranks` gets (a Trainer's distributed_sampler_kwargs, without a Trainer)."""
+    dm.trainer = SimpleNamespace(distributed_sampler_kwargs={"num_replicas": ranks, "rank": rank})
+    loader = dm.test_dataloader() if split == "test" else dm.val_dataloader()
+    dm.trainer = None
+    return loader
+
+
+def test_three_ranks_on_ten_batches_evaluate_what_one_process_evaluates(prepared):
+    """The test split cut into 10 batches (the last one short) on 3 ranks: 4 batches each, batches 0..9 each exactly
+    once with weight 1 and 2 padding batches with weight 0; the token-weighted loss summed over the ranks (what the
+    metric sync computes) equals the 1-process one. One rank reads through 2 loader workers."""
+    from torchmetrics.aggregation import MeanMetric
+
+    from swax_lightning.module import LanguageModule
+
+    n_blocks = prepared.block_count("test", SEQ + 1)
+    batch_size = next(b for b in range(1, n_blocks) if -(-n_blocks // b) == 10 and n_blocks % b)
+    dm = _reuse(prepared, batch_size=batch_size)
+    dm.setup("test")
+    single = list(_held_out_on(dm, 1, 0))
+    assert len(single) == 10 and {b["weight"] for b in single} == {1.0} and len(single[-1]["tokens"]) < batch_size
+    module = LanguageModule(arch=dict(vocab_size=257, d_model=16, n_layers=2, n_heads=2, mlstm_heads=2, chunk_size=8,
+                                      window=8))
+    module.configure_model()
+    metrics, seen = [], []
+    for rank in range(3):
+        dm.num_workers = 2 if rank == 1 else 0
+        batches = list(_held_out_on(dm, 3, rank))
+        assert len(batches) == 4
+        seen += [(rank + 3 * k, b) for k, b in enumerate(batches) if b["weight"] == 1.0]
+        assert [b["weight"] for b in batches] == ([1.0] * 4 if rank == 0 else [1.0, 1.0, 1.0, 0.0])
+        metrics.append(MeanMetric())
+        with torch.no_grad():
+            for batch in batches:
+                module._evaluate(batch, metrics[-1])
+    assert sorted(j for j, _ in seen) == list(range(10))
+    assert all(torch.equal(b["tokens"], single[j]["tokens"]) for j, b in seen)
+    one_process = MeanMetric()
+    with torch.no_grad():
+        for batch in single:
+            module._evaluate(batch, one_process)
+    synced = sum(m.mean_value for m in metrics) / sum(m.weight for m in metrics)
+    torch.testing.assert_close(synced, one_process.compute(), rtol=1e-6, atol=0)
 
 
 def test_bytes_per_token_of_byte_tokenizer(prepared):

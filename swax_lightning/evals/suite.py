@@ -6,6 +6,9 @@ unsharded copy of a model trained with FSDP2, gathered from all ranks; see paral
 RULER NIAH (ruler.py), BABILong (babilong.py), perplexity by position (perplexity.py) and lm-evaluation-harness tasks
 (lm_eval_adapter.py), all through the streaming inference, so 131k-token contexts run in bounded memory.
 
+Under a sharded strategy the other ranks take part in the gather of the copy and then leave: every rank runs the same
+test batches (data.py), and the suite on rank 0 is not limited by the strategy's collective_timeout (watchdog.py).
+
 Reports (reports.py), written beside the checkpoint's run (runs/<experiment>/<arm>/eval/, or `output_dir`):
 - results.json: the settings, every cell's mean, sample count and 95% interval, and every sample (its question,
   references or target, prediction, score, length in tokens, and the arguments that regenerate its prompt with
@@ -178,8 +181,11 @@ class EvalSuite(Callback):
         if not self.enabled:
             return
         model, data = evaluation_model(trainer, pl_module), trainer.datamodule  # every rank: a gather under FSDP2
-        if model is None:  # not rank 0
+        if model is None:  # not rank 0: nothing from here needs it
             return
+        watchdog = getattr(trainer.strategy, "watchdog", None)
+        if watchdog is not None:  # rank 0 alone from here, with no collective: the suite may take hours
+            watchdog.rest("suite")
         was_training, window = model.training, model.window
         model.eval()
         override_attention(model, self.window, self.n_sink, self.convert_full_attention, self.window_includes_sinks)
@@ -193,9 +199,10 @@ class EvalSuite(Callback):
         if self.perplexity_len:
             from swax_lightning.evals.perplexity import position_losses
 
-            val = data.blocks("val", self.perplexity_len + 1)
-            results["perplexity"] = position_losses(model, val, self.perplexity_len, self.perplexity_samples,
-                                                    self.chunk_len, data.meta.get("bytes_per_token", 1.0))
+            block = self.perplexity_len + 1
+            results["perplexity"] = position_losses(model, data.blocks("val", block), data.block_count("val", block),
+                                                    self.perplexity_len, self.perplexity_samples, self.chunk_len,
+                                                    data.meta.get("bytes_per_token", 1.0))
         if self.recall_edges:
             from swax_lightning.evals.recall_loss import recall_losses
 
