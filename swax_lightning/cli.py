@@ -26,8 +26,10 @@ every swax-lightning run shares.
 - Configuration errors are one line, `error: <message>`, on stderr with exit code 2 (argparse's convention), and no
   traceback: a value the parser rejects, a ConfigError from a config dataclass (it names the field), a ValueError or
   FileNotFoundError raised while the classes are built from the configuration (their constructors validate their
-  arguments), Lightning's MisconfigurationException, and a missing or unreadable config or checkpoint file. Any
-  other exception is a bug and keeps its traceback; SWAX_DEBUG=1 shows the traceback of configuration errors too.
+  arguments), Lightning's MisconfigurationException, a launch whose ranks would never all come (devices x num_nodes
+  against what torchrun or SLURM started; num_nodes > 1 with nothing starting the other nodes), and a missing or
+  unreadable config or checkpoint file. Any other exception is a bug and keeps its traceback; SWAX_DEBUG=1 shows the
+  traceback of configuration errors too.
 - After `fit`, the run's settings (model, data, window schedule) go to every logger's hyperparameters; TensorBoard
   gets them as one HPARAMS entry with the final validation metrics (hp/val_loss, hp/val_bpb), so the HPARAMS tab
   compares arms by their settings. Set the logger's default_hp_metric to false to keep Lightning's placeholder
@@ -67,7 +69,7 @@ from swax_lightning.runs import (
     run_folder,
     wandb_run_id,
 )
-from swax_lightning.strategy import refuse_replica_mesh  # also registers --trainer.strategy fsdp2 and hsdp
+from swax_lightning.strategy import check_launch, refuse_replica_mesh  # also registers --trainer.strategy fsdp2, hsdp
 from swax_lightning.window import StochasticWindow
 
 # Logger class: (init arg set to the experiment, init args set to the arm). Each puts its checkpoints (and, but for
@@ -146,13 +148,15 @@ class SwaxCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         """The constructors validate their arguments: what they reject is a configuration error; so are a distributed
         checkpoint given to a strategy that cannot load it, a model-parallel mesh that is not data-parallel over
-        every rank, a kernel backend the trainer's device or precision cannot run (ModelConfig.check_run), and an
-        evaluation window beyond a pretrained model's positions."""
+        every rank, a launch whose ranks would never all come (strategy.check_launch), a kernel backend the trainer's
+        device or precision cannot run (ModelConfig.check_run), and an evaluation window beyond a pretrained model's
+        positions."""
         try:
             super().instantiate_classes()
             if self.subcommand:
                 refuse_unloadable_checkpoint(self.config[self.subcommand].get("ckpt_path"), self.trainer.strategy)
                 refuse_replica_mesh(self.trainer.strategy)
+                check_launch(self.trainer.strategy)
             self.model.arch.check_run(self.trainer.strategy.root_device.type, self.trainer.precision,
                                       training=self.subcommand == "fit")
             if self.subcommand:
