@@ -7,8 +7,9 @@ FSDP2Strategy (strategy.py) starts one Watchdog per process and reports progress
 (training, backward, optimizer, validation, test, predict) starts and ends.
 
 Decisions:
-- A thread, not the collective's own timeout: a rank blocked in a collective never returns to Python (gloo waits in
-  C++; NCCL's own watchdog aborts the process with pages of log), so only another thread can end it cleanly. With no
+- A thread, not the collective's own timeout: a rank blocked in a collective does not return to Python until that
+  timeout (gloo then raises; NCCL's own watchdog tears the process down), so only another thread can end it with one
+  line, and at a time of our choosing. With no
   beat for `timeout` seconds while watching, it writes `error: rank R: no progress in <phase> for T s ...` to stderr
   and ends the process with status 1 (os._exit: the main thread is stuck, so nothing else could run).
 - Watching is on inside Lightning's loops (train, sanity_check, validate, test, predict), from the first step on, and
