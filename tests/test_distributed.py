@@ -5,8 +5,8 @@ Training. The oracle: K ranks with batch b per rank against one process trained 
 batches the ranks consumed (the K batches of a step concatenated in rank order): the same per-step loss (the mean of
 the ranks' losses) within 1e-5 in fp32, the same all-gathered parameters on every rank after every step, and final
 weights (from the consolidated distributed checkpoint) equal to the 1-process run's within 1e-5. Run for K = 2
-through the README's rehearsal command (Lightning launches the processes; full sharding, as the paper configs) and
-for 2 "nodes" x 2 devices with HSDP, through two torchrun launches on localhost.
+through the rehearsal command of docs/scale-out.md (Lightning launches the processes; full sharding, as the paper
+configs) and for 2 "nodes" x 2 devices with HSDP, through two torchrun launches on localhost.
 
 Evaluation. Both runs use the config's own batch size (16) and validation limit (16 batches per rank), only the step
 count lowered: the validation split's 20 batches were dealt 9 and 11 to 2 ranks by litdata, which hung the first
@@ -44,7 +44,7 @@ from tests.train_probe import read_records
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs/tiny_stochastic.yaml")
-# The README's 2-process rehearsal of a cluster run (tests/test_distributed.py checks that the README prints it).
+# The 2-process rehearsal of a cluster run that docs/scale-out.md prints (checked below).
 REHEARSAL = (".venv/bin/python main.py fit --config configs/tiny_stochastic.yaml --trainer.devices 2 "
              "--trainer.strategy fsdp2")
 STEPS = 4
@@ -195,15 +195,15 @@ def _assert_validates_as_one_process(tmp, data_dir, records, ckpt) -> None:
 
 @pytest.fixture(scope="module")
 def two_rank_run(tmp_path_factory, data_dir):
-    """The README's rehearsal command with the config's sizes, 4 steps with a validation every 2."""
+    """The rehearsal command with the config's sizes, 4 steps with a validation every 2."""
     tmp = tmp_path_factory.mktemp("k2")
     run = _run(_rehearsal(*_args(tmp, data_dir, tmp / "records")))
     assert run.returncode == 0, run.stderr[-3000:]
     return tmp
 
 
-def test_readme_prints_the_rehearsal_command():
-    assert REHEARSAL in (ROOT / "README.md").read_text()
+def test_the_scale_out_page_prints_the_rehearsal_command():
+    assert REHEARSAL in (ROOT / "docs/scale-out.md").read_text()
 
 
 def test_the_rehearsal_keeps_the_config_sizes(two_rank_run):
@@ -269,7 +269,7 @@ SMALL_EVAL = ["--eval.niah_tasks", "[niah_single_1, niah_multikey_2]", "--eval.n
 
 @pytest.fixture(scope="module")
 def consolidated(two_rank_run):
-    """The README's consolidation command on the rehearsal's last.ckpt."""
+    """The consolidation command of docs/scale-out.md on the rehearsal's last.ckpt."""
     full = two_rank_run / "full.ckpt"
     run = _run([sys.executable, "-m", "swax_lightning.checkpoints", str(_ckpt(two_rank_run)), "--out", str(full)])
     assert run.returncode == 0 and full.is_file(), run.stderr[-2000:]
