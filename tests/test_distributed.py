@@ -291,6 +291,8 @@ def test_sharded_test_on_an_uneven_split_scores_what_one_process_scores(tmp_path
                           "--eval.output_dir", str(tmp_path / "single"))
     _assert_same_loss(losses[0][0], single["tests"][-1]["loss"])
     a, b = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("sharded", "single"))
+    evaluated = [run["settings"].pop("checkpoint")["path"] for run in (a, b)]  # each names its own file
+    assert evaluated == [str(_ckpt(two_rank_run)), str(consolidated)]
     assert a == b and a["niah"] and a["babilong"] and a["perplexity"]
 
 
