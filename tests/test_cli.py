@@ -71,6 +71,7 @@ def _assert_eval_reports(run):
     assert all(s["question"] and "prediction" in s and ("regenerate" in s) for s in results["samples"])
     assert [r["to"] for r in results["perplexity"]] == [64, 128, 256, 512]
     assert len(results["samples"]) == 2 * 2 * 2 + 2 * 2
+    assert results["settings"]["checkpoint"]["step"] == 6  # the evaluated checkpoint's own step
     assert "RULER NIAH" in (run / "eval/results.md").read_text()
     for name in ("", "_niah_single_1", "_niah_multikey_2"):  # all tasks pooled, and each task
         assert (run / f"eval/niah_heatmap{name}.png").stat().st_size > 1000

@@ -191,7 +191,7 @@ class EvalSuite(Callback):
         override_attention(model, self.window, self.n_sink, self.convert_full_attention, self.window_includes_sinks)
         print(estimate(self, model), flush=True)
         results = {"settings": self._settings(model, data.tokenizer)
-                   | {"checkpoint": checkpoint_identity(trainer.ckpt_path, trainer.global_step)}, "samples": []}
+                   | {"checkpoint": checkpoint_identity(trainer.ckpt_path)}, "samples": []}
         if self.niah_tasks:
             results["niah"] = self._run_niah(model, data.tokenizer, results["samples"])
         if self.babilong_tasks:
