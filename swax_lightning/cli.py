@@ -146,11 +146,11 @@ class SwaxCLI(LightningCLI):
             check_checkpoint(self.config[subcommand], subcommand)
 
     def instantiate_classes(self) -> None:
-        """The constructors validate their arguments: what they reject is a configuration error; so are a distributed
-        checkpoint given to a strategy that cannot load it, a model-parallel mesh that is not data-parallel over
-        every rank, a launch whose ranks would never all come (strategy.check_launch), a kernel backend the trainer's
-        device or precision cannot run (ModelConfig.check_run), and an evaluation window beyond a pretrained model's
-        positions."""
+        """The constructors validate their arguments: what they reject is a configuration error; so are a
+        distributed checkpoint given to a strategy that cannot load it, a model-parallel mesh that is not
+        data-parallel over every rank, a launch whose ranks would never all come (strategy.check_launch), a kernel
+        backend the trainer's device or precision cannot run (ModelConfig.check_run), a vocabulary smaller than the
+        tokenizer's (check_vocabulary), and an evaluation window beyond a pretrained model's positions."""
         try:
             super().instantiate_classes()
             if self.subcommand:
@@ -159,6 +159,7 @@ class SwaxCLI(LightningCLI):
                 check_launch(self.trainer.strategy)
             self.model.arch.check_run(self.trainer.strategy.root_device.type, self.trainer.precision,
                                       training=self.subcommand == "fit")
+            check_vocabulary(self.model.arch, self.datamodule)
             if self.subcommand:
                 for suite in (c for c in self.trainer.callbacks if isinstance(c, EvalSuite)):
                     suite.check_model(self.model.arch)
@@ -198,6 +199,15 @@ def fit_summary(trainer, metrics: dict) -> str:
     if last is not None and last.exists():
         lines.append(f"evaluate: python main.py test --config {folder / 'config.yaml'} --ckpt_path {last}")
     return "\n".join(lines)
+
+
+def check_vocabulary(arch: ModelConfig, data: TextDataModule) -> None:
+    """The model's embedding must cover every id the data's tokenizer produces: checked here, where both are built,
+    before any long work (neither the model nor the data module reads the other's settings)."""
+    if arch.vocab_size < data.tokenizer.vocab_size:
+        raise ConfigError(f"model.arch.vocab_size = {arch.vocab_size} is smaller than the {data.tokenizer.vocab_size} "
+                          f"ids of data.tokenizer {data.tokenizer_spec!r}: set model.arch.vocab_size >= "
+                          f"{data.tokenizer.vocab_size}")
 
 
 def _raising_parsers(parser_kwargs: dict, subcommands) -> dict:

@@ -40,9 +40,15 @@ class ConfigError(ValueError):
     """A configuration value outside its allowed range; the message names the field."""
 
 
-# What a command reports as one line instead of a traceback: configuration errors, values the parser rejects,
-# Lightning's misconfiguration errors.
-USAGE_ERRORS = (ConfigError, ArgumentError, MisconfigurationException)
+class InputError(ValueError):
+    """Input that cannot be used as it is: a corrupt, mismatched or too small data folder, shard, checkpoint or file.
+    The message names the file or folder and what to do; commands report it in one line."""
+
+
+# What a command reports as one line instead of a traceback: configuration errors, bad input files, values the
+# parser rejects, Lightning's misconfiguration errors, and files or folders that are missing or in the way.
+USAGE_ERRORS = (ConfigError, InputError, ArgumentError, MisconfigurationException, FileNotFoundError,
+                FileExistsError)
 
 
 @contextmanager

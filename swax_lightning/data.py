@@ -75,6 +75,7 @@ from litdata.streaming.resolver import Dir
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from swax_lightning import atomic
+from swax_lightning.config import ConfigError, InputError
 from swax_lightning.corpus import EMBEDDED, document_refs, read_documents, split_of
 from swax_lightning.inference import read_prompts
 from swax_lightning.recall_documents import RecallMix, training_document
@@ -156,12 +157,30 @@ def staged_tokens(position: int, staging: Path, split: str):
         yield tokens
 
 
+def within_vocabulary(tokens: torch.Tensor, vocab_size: int, where: Path) -> torch.Tensor:
+    """The batch itself, or an InputError naming the split when it holds an id no tokenizer of this size produces
+    (shards changed after preparation and not checked, data.verify_checksums false), instead of an IndexError deep in
+    the embedding."""
+    top = int(tokens.int().max())  # uint16 shards: torch has no max for them
+    if top >= vocab_size:
+        raise InputError(f"{where} holds token id {top}, outside the tokenizer's {vocab_size} ids: its shards changed "
+                         f"after preparation (data.verify_checksums true names the file) or come from another "
+                         f"tokenizer")
+    return tokens
+
+
+def stack_within_vocabulary(items: list, vocab_size: int, where: Path) -> torch.Tensor:
+    """The training loader's collate: the blocks stacked into a batch, checked by within_vocabulary."""
+    return within_vocabulary(torch.stack([torch.as_tensor(item) for item in items]), vocab_size, where)
+
+
 class HeldOutBatches(Dataset):
     """A held-out split as the fixed list of batches every run reads (module docstring): item j < n is batch j,
     {"tokens": [rows, block] tensor, "weight": 1.0}; item j >= n is a padding batch, batch j mod n with weight 0.0."""
 
-    def __init__(self, blocks: StreamingDataset, n_blocks: int, batch_size: int):
+    def __init__(self, blocks: StreamingDataset, n_blocks: int, batch_size: int, vocab_size: int, where: Path):
         self.blocks, self.n_blocks, self.batch_size = blocks, n_blocks, batch_size
+        self.vocab_size, self.where = vocab_size, where
         self.n_batches = math.ceil(n_blocks / batch_size)
 
     def __len__(self) -> int:
@@ -170,7 +189,8 @@ class HeldOutBatches(Dataset):
     def __getitem__(self, j: int) -> dict:
         start = (j % self.n_batches) * self.batch_size
         rows = [torch.as_tensor(self.blocks[i]) for i in range(start, min(start + self.batch_size, self.n_blocks))]
-        return {"tokens": torch.stack(rows), "weight": 1.0 if j < self.n_batches else 0.0}
+        tokens = within_vocabulary(torch.stack(rows), self.vocab_size, self.where)
+        return {"tokens": tokens, "weight": 1.0 if j < self.n_batches else 0.0}
 
 
 class DealtSampler(DistributedSampler):
@@ -273,7 +293,7 @@ class TextDataModule(L.LightningDataModule):
 
     # ---- writing -------------------------------------------------------------------------------------------
     def prepare_data(self) -> None:
-        self._check_model_vocab()  # before any long work
+        self.tokenizer  # noqa: B018  (loaded here, before any long work: a bad file is named, not found in a worker)
         if self.remote:
             self._prepare_remote()
         else:
@@ -330,6 +350,7 @@ class TextDataModule(L.LightningDataModule):
                     | {"tokenizer_fingerprint": self.tokenizer.fingerprint, "sha256": checksums(tmp, SPLITS)})
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
             atomic.replace(tmp, self.data_dir)
+            print(preparation_summary(self.data_dir, meta, len(refs)), flush=True)
         except BaseException:  # KeyboardInterrupt included: no worker may outlive the preparation
             _stop(set(multiprocessing.active_children()) - workers_before)
             raise
@@ -379,7 +400,7 @@ class TextDataModule(L.LightningDataModule):
         split_counts = {f"{split}_tokens": split_tokens(out / split) for split in SPLITS}
         for split in SPLITS:
             if split_counts[f"{split}_tokens"] < self.seq_len + 1:
-                raise ValueError(f"the {split} split of {self.source} has {split_counts[f'{split}_tokens']} tokens, "
+                raise InputError(f"the {split} split of {self.source} has {split_counts[f'{split}_tokens']} tokens, "
                                  f"fewer than one block of seq_len + 1 = {self.seq_len + 1}: add text or change "
                                  f"val_fraction / test_fraction / seq_len")
         recall_tokens = sum(c["recall_tokens"] for c in counts)
@@ -390,7 +411,6 @@ class TextDataModule(L.LightningDataModule):
     # ---- reading -------------------------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
         if not self._verified:
-            self._check_model_vocab()
             if self.remote:
                 self._fetch_descriptions()
             self.meta = read_meta(self.data_dir)
@@ -444,27 +464,16 @@ class TextDataModule(L.LightningDataModule):
         wrong = {k: (meta.get(k), v) for k, v in self._expected_meta().items() if meta.get(k) != v}
         if wrong:
             where = self.remote or self.data_dir
-            raise ValueError(f"{where}/meta.json was written for other settings (field: (on disk, configured)): "
+            raise InputError(f"{where}/meta.json was written for other settings (field: (on disk, configured)): "
                              f"{wrong}; use another data_dir or delete {where}")
 
     def _check_tokenizer(self) -> None:
         made_with = self.meta.get("tokenizer_fingerprint")
         if made_with != self.tokenizer.fingerprint:
-            raise ValueError(f"the shards in {self.data_dir} were made with tokenizer {self.meta.get('tokenizer')!r} "
+            raise InputError(f"the shards in {self.data_dir} were made with tokenizer {self.meta.get('tokenizer')!r} "
                              f"({made_with}), but data.tokenizer is {self.tokenizer_spec!r} "
                              f"({self.tokenizer.fingerprint}): set data.tokenizer to the one the shards were made "
                              f"with, or prepare new shards in another data_dir")
-
-    def _check_model_vocab(self) -> None:
-        """The model's embedding must cover every id the tokenizer produces (checked when a Trainer runs us). Loads
-        the tokenizer here: a missing file is reported by name, not from inside a worker."""
-        tokenizer = self.tokenizer
-        arch = getattr(getattr(self.trainer, "lightning_module", None), "arch", None)
-        vocab_size = getattr(arch, "vocab_size", None)
-        if vocab_size is not None and vocab_size < tokenizer.vocab_size:
-            raise ValueError(f"model.arch.vocab_size = {vocab_size} is smaller than the {tokenizer.vocab_size} ids "
-                             f"of data.tokenizer {self.tokenizer_spec!r}: set model.arch.vocab_size >= "
-                             f"{tokenizer.vocab_size}")
 
     def _check_one_batch(self) -> None:
         """Refuses a train split smaller than one batch on every device and loader worker (else Lightning runs
@@ -473,14 +482,16 @@ class TextDataModule(L.LightningDataModule):
         needed = self.batch_size * devices * max(1, self.num_workers)
         blocks = split_blocks(self.data_dir / "train", self.seq_len + 1)
         if blocks < needed:
-            raise ValueError(f"the train split in {self.data_dir} holds {blocks} blocks of seq_len + 1 = "
+            raise InputError(f"the train split in {self.data_dir} holds {blocks} blocks of seq_len + 1 = "
                              f"{self.seq_len + 1} tokens, fewer than one batch: data.batch_size {self.batch_size} x "
                              f"{devices} device(s) x {max(1, self.num_workers)} worker(s) = {needed}; add text, or "
                              f"lower batch_size / seq_len / num_workers")
 
     def train_dataloader(self):
+        collate = functools.partial(stack_within_vocabulary, vocab_size=self.tokenizer.vocab_size,
+                                    where=self.data_dir / "train")
         return StreamingDataLoader(self.datasets["train"], batch_size=self.batch_size, num_workers=self.num_workers,
-                                   drop_last=True)
+                                   drop_last=True, collate_fn=collate)
 
     def val_dataloader(self):
         return self._held_out_loader("val")
@@ -490,7 +501,8 @@ class TextDataModule(L.LightningDataModule):
 
     def _held_out_loader(self, split: str) -> DataLoader:
         """This rank's share of the split's batches, padded to the same count on every rank (module docstring)."""
-        batches = HeldOutBatches(self.datasets[split], self.block_count(split, self.seq_len + 1), self.batch_size)
+        batches = HeldOutBatches(self.datasets[split], self.block_count(split, self.seq_len + 1), self.batch_size,
+                                 self.tokenizer.vocab_size, self.data_dir / split)
         ranks = getattr(self.trainer, "distributed_sampler_kwargs", None) or {"num_replicas": 1, "rank": 0}
         return DataLoader(batches, batch_size=None, sampler=DealtSampler(batches, **ranks),
                           num_workers=self.num_workers)
@@ -503,8 +515,16 @@ class TextDataModule(L.LightningDataModule):
         """Batches of prompt strings (data.prompts, then the lines of data.prompts_file)."""
         prompts = read_prompts(self.prompts, self.prompts_file)
         if not prompts:
-            raise ValueError("main.py predict needs --data.prompts '[...]' or --data.prompts_file FILE")
+            raise ConfigError("main.py predict needs --data.prompts '[...]' or --data.prompts_file FILE")
         return DataLoader(prompts, batch_size=self.batch_size, collate_fn=list)
+
+
+def preparation_summary(data_dir: Path, meta: dict, n_inputs: int) -> str:
+    """The line printed when shards are written: where, and how many tokens each split holds."""
+    recall_tokens = meta["recall_train_tokens"]
+    recall = f" (of which {recall_tokens:,} recall-document tokens)" if recall_tokens else ""
+    return (f"prepared {data_dir} from {n_inputs:,} inputs: train {meta['train_tokens']:,} tokens{recall}, "
+            f"validation {meta['val_tokens']:,}, test {meta['test_tokens']:,}")
 
 
 def read_meta(data_dir: Path) -> dict:
@@ -516,9 +536,9 @@ def read_meta(data_dir: Path) -> dict:
     try:
         meta = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path} is corrupt ({err}): delete {data_dir} to prepare the shards again") from err
+        raise InputError(f"{path} is corrupt ({err}): delete {data_dir} to prepare the shards again") from err
     if not isinstance(meta, dict) or "sha256" not in meta:
-        raise ValueError(f"{path} is not a shard description written by this version (no 'sha256' checksums): "
+        raise InputError(f"{path} is not a shard description written by this version (no 'sha256' checksums): "
                          f"delete {data_dir} to prepare the shards again")
     return meta
 
