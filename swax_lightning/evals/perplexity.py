@@ -13,10 +13,10 @@ import math
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from litdata import StreamingDataset
 from tqdm import tqdm
 
+from swax_lightning.evals.scoring import token_scores
 from swax_lightning.model import SWAXModel
 
 
@@ -43,13 +43,9 @@ def position_losses(model: SWAXModel, dataset: StreamingDataset, n_blocks: int, 
     device = model.embed.weight.device
     for i in tqdm(range(min(samples, n_blocks)), desc=f"perplexity@{length}", leave=False):
         tokens = torch.as_tensor(np.asarray(dataset[i], dtype=np.int64), device=device)[None]
-        caches = model.new_caches(1, dtype=model.embed.weight.dtype)
-        losses = []
-        for start in range(0, length, chunk_len):
-            end = min(start + chunk_len, length)
-            logits = model(tokens[:, start:end], caches, torch.arange(start, end, device=device)[None])
-            losses.append(F.cross_entropy(logits[0].float(), tokens[0, start + 1:end + 1], reduction="none").cpu())
-        loss = torch.cat(losses).double()
+        logprob, _ = token_scores(model, tokens[:, :length], torch.arange(length, device=device)[None],
+                                  tokens[:, 1:length + 1], chunk_len)
+        loss = -logprob[0].cpu()
         total.index_add_(0, bucket_of, loss)
         count.index_add_(0, bucket_of, torch.ones(length))
     rows = []
