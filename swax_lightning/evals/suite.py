@@ -3,8 +3,9 @@
 Configured from the YAML section `eval:` (the CLI always installs this callback; with nothing configured it does
 nothing). After Lightning's test loop (held-out loss, perplexity, bits per byte), rank 0 runs, as configured (on an
 unsharded copy of a model trained with FSDP2, gathered from all ranks; see parallel.py):
-RULER NIAH (ruler.py), BABILong (babilong.py), perplexity by position (perplexity.py) and lm-evaluation-harness tasks
-(lm_eval_adapter.py), all through the streaming inference, so 131k-token contexts run in bounded memory.
+RULER NIAH (ruler.py), BABILong (babilong.py), perplexity by position (perplexity.py), associative recall by gap
+(mqar.py) and lm-evaluation-harness tasks (lm_eval_adapter.py), all through the streaming inference, so 131k-token
+contexts run in bounded memory.
 
 Reports (reports.py), written beside the checkpoint's run (runs/<experiment>/<arm>/eval/, or `output_dir`):
 - results.json: the settings, every cell's mean, sample count and 95% interval, and every sample (its question,
@@ -62,6 +63,12 @@ class EvalSuite(Callback):
         recall_edges: Distance buckets (characters between a fact and its question) of the answer-token loss by
             recall distance (recall.py), e.g. [1, 16, 256, 1024, 8192]; empty = skip.
         recall_samples: Samples per bucket.
+        mqar_gaps: Gaps (filler characters) of the associative-recall evaluation (evals/mqar.py: accuracy and value
+            loss by gap), e.g. [0, 16, 64, 256, 1024]; empty = skip.
+        mqar_samples: Episodes per gap.
+        mqar_pairs: Key-value pairs per episode; empty = data.recall's when its kind is mqar, else RecallMix's
+            default (8).
+        mqar_key_length: Letters per key; empty = data.recall's when its kind is mqar, else RecallMix's default (1).
         lm_eval_tasks: lm-evaluation-harness task names (arc_easy, arc_challenge, hellaswag, mbpp, or your own).
         lm_eval_include_path: Folder of extra task YAML files (e.g. local, offline task definitions).
         lm_eval_limit: Examples per lm-eval task (empty = all).
@@ -81,6 +88,8 @@ class EvalSuite(Callback):
                  babilong_lengths: list[int] = (0, 4096, 16384, 65536, 131072), babilong_samples: int = 5,
                  babilong_data_dir: str | None = None, perplexity_len: int | None = None, perplexity_samples: int = 8,
                  recall_edges: list[int] | None = None, recall_samples: int = 16,
+                 mqar_gaps: list[int] | None = None, mqar_samples: int = 64, mqar_pairs: int | None = None,
+                 mqar_key_length: int | None = None,
                  lm_eval_tasks: list[str] | None = None, lm_eval_include_path: str | None = None,
                  lm_eval_limit: int | None = None, window: int | None = None, n_sink: int | None = None,
                  convert_full_attention: bool = False, max_new_tokens: int = 128, chunk_len: int = 2048,
@@ -117,6 +126,11 @@ class EvalSuite(Callback):
             from swax_lightning.evals.recall_loss import bucket_distances
 
             bucket_distances(self.recall_edges, 1, seed)  # checks the edges now, not after the test loop
+        self.mqar_gaps, self.mqar_samples = list(mqar_gaps or []), mqar_samples
+        self.mqar_pairs, self.mqar_key_length = mqar_pairs, mqar_key_length
+        if any(gap < 0 for gap in self.mqar_gaps) or (self.mqar_gaps and mqar_samples < 1):
+            raise ValueError(f"EvalSuite.mqar_gaps must be >= 0 and mqar_samples >= 1 (got {self.mqar_gaps}, "
+                             f"{mqar_samples})")
         self.lm_eval_include_path, self.lm_eval_limit = lm_eval_include_path, lm_eval_limit
         self.window, self.n_sink, self.convert_full_attention = window, n_sink, convert_full_attention
         self.max_new_tokens, self.chunk_len, self.seed = max_new_tokens, chunk_len, seed
@@ -127,11 +141,14 @@ class EvalSuite(Callback):
     @property
     def enabled(self) -> bool:
         return bool(self.niah_tasks or self.babilong_tasks or self.lm_eval_tasks or self.perplexity_len
-                    or self.recall_edges)
+                    or self.recall_edges or self.mqar_gaps)
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        """Before fit or test does any work: every NIAH length must hold a task's needles and question with this
-        tokenizer (otherwise a study arm failed only in its test, after training)."""
+        """Before fit or test does any work: the MQAR episodes' shape is settled (from data.recall where not given)
+        and checked, and every NIAH length must hold a task's needles and question with this tokenizer (otherwise a
+        study arm failed only in its test, after training)."""
+        if self.mqar_gaps:
+            self._settle_mqar_shape(getattr(trainer.datamodule, "recall", None))
         if not self.niah_tasks or trainer.datamodule is None:
             return
         generator = ruler.NIAHGenerator(trainer.datamodule.tokenizer, self.max_new_tokens, self.essay, self.seed)
@@ -140,6 +157,17 @@ class EvalSuite(Callback):
                 generator.sample(task, min(self.niah_lengths), self.niah_depths[0], 0)
             except ValueError as err:
                 raise ValueError(f"EvalSuite.niah_lengths: {err}") from None
+
+    def _settle_mqar_shape(self, recall) -> None:
+        from swax_lightning.mqar import check_shape
+        from swax_lightning.recall_documents import RecallMix
+
+        trained = recall if getattr(recall, "kind", None) == "mqar" else RecallMix(kind="mqar")  # else the defaults
+        if self.mqar_pairs is None:
+            self.mqar_pairs = trained.pairs
+        if self.mqar_key_length is None:
+            self.mqar_key_length = trained.key_length
+        check_shape(self.mqar_pairs, self.mqar_key_length, max(self.mqar_gaps), "EvalSuite.mqar")
 
     def on_test_end(self, trainer, pl_module) -> None:
         if not self.enabled:
@@ -170,6 +198,14 @@ class EvalSuite(Callback):
                                    progress=lambda jobs: tqdm(jobs, desc="recall by distance"))
             results["recall"] = {"buckets": recall["buckets"]}
             results["samples"] += recall["samples"]
+        if self.mqar_gaps:
+            from swax_lightning.evals.mqar import mqar_by_gap
+
+            mqar = mqar_by_gap(model, data.tokenizer, self.mqar_gaps, self.mqar_samples, self.mqar_pairs,
+                               self.mqar_key_length, self.seed, self.chunk_len,
+                               progress=lambda jobs: tqdm(jobs, desc="MQAR by gap"))
+            results["samples"] += mqar.pop("samples")
+            results["mqar"] = mqar
         if self.lm_eval_tasks:
             from swax_lightning.evals.lm_eval_adapter import run_lm_eval
 
@@ -192,6 +228,8 @@ class EvalSuite(Callback):
                 "niah_samples": self.niah_samples, "niah_depths": self.niah_depths,
                 "babilong_lengths": self.babilong_lengths, "babilong_samples": self.babilong_samples,
                 "recall_edges": self.recall_edges, "recall_samples": self.recall_samples,
+                "mqar_gaps": self.mqar_gaps, "mqar_samples": self.mqar_samples, "mqar_pairs": self.mqar_pairs,
+                "mqar_key_length": self.mqar_key_length,
                 "max_new_tokens": self.max_new_tokens, "seed": self.seed,
                 "convert_full_attention": self.convert_full_attention, "n_sink": self.n_sink,
                 "haystack": "essay_file" if self.essay_file else "generated prose (swax_lightning/evals/essay.py)",
