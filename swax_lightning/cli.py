@@ -28,6 +28,8 @@ every swax-lightning run shares.
   FileNotFoundError raised while the classes are built from the configuration (their constructors validate their
   arguments), Lightning's MisconfigurationException, and a missing or unreadable config or checkpoint file. Any
   other exception is a bug and keeps its traceback; SWAX_DEBUG=1 shows the traceback of configuration errors too.
+- After `fit`, the run folder gets environment.json: what the fit ran on (machine, CPU kernels, threads, package
+  versions; swax_lightning/environment.py), the facts that can change its floating-point results.
 - After `fit`, the run's settings (model, data, window schedule) go to every logger's hyperparameters; TensorBoard
   gets them as one HPARAMS entry with the final validation metrics (hp/val_loss, hp/val_bpb), so the HPARAMS tab
   compares arms by their settings. Set the logger's default_hp_metric to false to keep Lightning's placeholder
@@ -35,6 +37,7 @@ every swax-lightning run shares.
 """
 from __future__ import annotations
 
+import json
 import logging
 import re
 import sys
@@ -47,6 +50,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
 from swax_lightning import __version__
+from swax_lightning.atomic import write_text
 from swax_lightning.checkpoints import (
     LAST,
     LatestCheckpoint,
@@ -56,6 +60,7 @@ from swax_lightning.checkpoints import (
 )
 from swax_lightning.config import USAGE_ERRORS, ConfigError, ModelConfig, read_config_file, usage_errors_reported
 from swax_lightning.data import TextDataModule
+from swax_lightning.environment import ENVIRONMENT_FILE, describe
 from swax_lightning.evals.suite import EvalSuite
 from swax_lightning.module import LanguageModule, check_architecture
 from swax_lightning.runs import (
@@ -172,6 +177,8 @@ class SwaxCLI(LightningCLI):
             else:
                 logger.log_hyperparams(params)
             logger.finalize("success")  # the Trainer already closed the loggers; flush what this call reopened
+        if self.trainer.is_global_zero:
+            write_text(run_folder(self.trainer) / ENVIRONMENT_FILE, json.dumps(describe(), indent=2) + "\n")
         rank_zero_only(print)(fit_summary(self.trainer, metrics))
 
 
