@@ -277,6 +277,9 @@ def _plots(runs: dict, out: Path) -> None:
         if name.startswith("mqar"):
             _mark_windows(ax, runs)
             ax.set_xscale("symlog", linthresh=16)
+            ax.set_xlim(left=0)
+        if name == "mqar_accuracy_vs_gap.png":
+            _mark_chance(ax, runs)
         else:
             ax.set_xscale("log")
         ax.set(title=title + " (line: mean over seeds; band: lowest to highest seed)", xlabel=xlabel, ylabel=ylabel)
@@ -295,6 +298,18 @@ def _mark_windows(ax, runs: dict) -> None:
         ax.axvline(max(0, window - nearest + 1), color="grey", linestyle="--", linewidth=1)
         ax.annotate(f"W = {window}: every pair beyond it", (max(0, window - nearest + 1), 0.98),
                     xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right", fontsize=7,
+                    color="grey")
+
+
+def _mark_chance(ax, runs: dict) -> None:
+    """Dotted lines at the accuracy of a model that knows only the values' alphabet, and of one that remembers the
+    stated values but not their keys (1 / pairs)."""
+    from swax_lightning.mqar import VALUES
+
+    pairs = next(run["results"]["settings"]["mqar_pairs"] for run in runs.values() if _mqar(run))
+    for level, label in ((100 / len(VALUES), "the values' alphabet only"), (100 / pairs, "the stated values only")):
+        ax.axhline(level, color="grey", linestyle=":", linewidth=1)
+        ax.annotate(label, (0.02, level), xycoords=("axes fraction", "data"), ha="left", va="bottom", fontsize=7,
                     color="grey")
 
 

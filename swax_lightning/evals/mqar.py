@@ -8,8 +8,8 @@ value, over the whole vocabulary, and its cross-entropy on the value are taken.
 Per gap: accuracy (%) with a 95% Wilson interval over the n queries, the mean value loss (nats) with a 95% normal
 interval over the episodes, and the reach [least, most] of its queries (tokens from a stated value to the value asked
 for: a window W sees the pair when W >= reach). References: a model that reads the pairs scores 100; one that knows
-only that a capital letter comes scores 1/26 = 3.8% (loss ln 26 = 3.26 at best); a guess among the values in view,
-1/pairs.
+only that a capital letter comes scores 1/26 = 3.8% (loss ln 26 = 3.26 at best); a guess among the episode's stated
+values (what remembering the values but not their keys allows), 1/pairs.
 
 Decisions:
 - n counts queries, as the accuracy is a share of them; the queries of one episode share its model state, so the
@@ -89,7 +89,8 @@ def mqar_by_gap(model, tokenizer, gaps: list[int], samples: int, pairs: int, key
             "episode": f"{samples} held-out episodes per gap, each {pairs} pairs of {key_length}-letter keys and "
                        f"one-letter values (swax_lightning/mqar.py)",
             "chance": f"{100 / len(VALUES):.1f}% knowing only the values' alphabet, {100 / pairs:.1f}% guessing "
-                      f"among the values in view", "samples": rows}
+                      f"among the episode's stated values (which a memory of the values alone, not of their keys, "
+                      f"allows)", "samples": rows}
 
 
 def _cell(gap: int, rows: list[dict]) -> dict:
