@@ -230,6 +230,7 @@ def test_a_batch_of_context_only_adds_nothing():
     assert all(p.grad is None or not p.grad.isnan().any() for p in module.parameters())
 
 
+@pytest.mark.slow
 def test_two_preparations_of_one_folder_take_turns(tmp_path):
     # A study's runs side by side prepare the same data_dir: the second waits for the first and reuses its shards
     # (without the lock both wrote a folder, the second replacing the first under any reader of it).
