@@ -30,6 +30,8 @@ every swax-lightning run shares.
   against what torchrun or SLURM started; num_nodes > 1 with nothing starting the other nodes), and a missing or
   unreadable config or checkpoint file. Any other exception is a bug and keeps its traceback; SWAX_DEBUG=1 shows the
   traceback of configuration errors too.
+- After `fit`, the run folder gets environment.json: what the fit ran on (machine, CPU kernels, threads, package
+  versions; swax_lightning/environment.py), the facts that can change its floating-point results.
 - After `fit`, the run's settings (model, data, window schedule) go to every logger's hyperparameters; TensorBoard
   gets them as one HPARAMS entry with the final validation metrics (hp/val_loss, hp/val_bpb), so the HPARAMS tab
   compares arms by their settings. Set the logger's default_hp_metric to false to keep Lightning's placeholder
@@ -37,6 +39,7 @@ every swax-lightning run shares.
 """
 from __future__ import annotations
 
+import json
 import logging
 import re
 import sys
@@ -49,6 +52,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
 from swax_lightning import __version__
+from swax_lightning.atomic import write_text
 from swax_lightning.checkpoints import (
     LAST,
     LatestCheckpoint,
@@ -58,6 +62,7 @@ from swax_lightning.checkpoints import (
 )
 from swax_lightning.config import USAGE_ERRORS, ConfigError, ModelConfig, read_config_file, usage_errors_reported
 from swax_lightning.data import TextDataModule
+from swax_lightning.environment import ENVIRONMENT_FILE, describe
 from swax_lightning.evals.suite import EvalSuite
 from swax_lightning.module import LanguageModule, check_architecture
 from swax_lightning.runs import (
@@ -181,6 +186,8 @@ class SwaxCLI(LightningCLI):
             else:
                 logger.log_hyperparams(params)
             logger.finalize("success")  # the Trainer already closed the loggers; flush what this call reopened
+        if self.trainer.is_global_zero:
+            write_text(run_folder(self.trainer) / ENVIRONMENT_FILE, json.dumps(describe(), indent=2) + "\n")
         rank_zero_only(print)(fit_summary(self.trainer, metrics))
 
 

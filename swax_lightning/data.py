@@ -29,8 +29,12 @@ Decisions:
   than a chunk holds (about 4,000 blocks of 1,024 tokens) sees one chunk's documents only. In source order that was
   a few neighbouring files, and with `recall` documents appended after the text, a 250-step study arm read no
   recall document at all.
+- Two commands preparing the same folder at once on one machine (a study's runs side by side) take turns on a lock
+  file (in the temporary folder, named by the data folder's path): the second waits, then reuses the first's shards.
 - `recall` adds synthetic long-range recall documents (recall.py) to the training split only, so validation and test
-  losses stay those of the source's text; meta.json records their tokens and share of the training split.
+  losses stay those of the source's text; meta.json records their tokens and share of the training split. An
+  associative-recall document's tokens other than its queried values are written marked context-only (int32
+  shards; loss_mask.py), so that training scores the values alone.
 - `data_dir` may be an s3:// folder (remote.py): the shards are prepared in a local cache folder by the same code,
   checked and uploaded once for the whole cluster (global rank 0), and streamed by litdata from the bucket through
   that cache on every node.
@@ -51,6 +55,7 @@ Decisions:
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 import multiprocessing
@@ -60,6 +65,7 @@ import re
 import shutil
 import signal
 import sys
+import tempfile
 import traceback
 import warnings
 from contextlib import contextmanager
@@ -69,6 +75,7 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
+from filelock import FileLock
 from litdata import StreamingDataLoader, StreamingDataset, TokensLoader, optimize
 from litdata.processing.data_processor import DataProcessor
 from litdata.streaming.resolver import Dir
@@ -78,7 +85,8 @@ from swax_lightning import atomic
 from swax_lightning.config import ConfigError, InputError
 from swax_lightning.corpus import EMBEDDED, document_refs, read_documents, split_of
 from swax_lightning.inference import read_prompts
-from swax_lightning.recall_documents import RecallMix, training_document
+from swax_lightning.loss_mask import mark
+from swax_lightning.recall_documents import RecallMix, training_pieces
 from swax_lightning.remote import RemoteFolder, default_cache_dir, remote_url
 from swax_lightning.shards import check_checksums, check_sizes, checksums, read_index, split_blocks, split_tokens
 from swax_lightning.tokenizer import load_tokenizer
@@ -115,11 +123,13 @@ def tokenize_ref(position: int, refs: list[str], source: str, tokenizer: str, va
     recall tokens, and the ref if it is not UTF-8."""
     ref = refs[position]
     tok = _tokenizer(tokenizer)
-    dtype = np.uint16 if tok.vocab_size <= 1 << 16 else np.int32
+    mix = RecallMix(**recall) if recall else None
+    dtype = np.uint16 if tok.vocab_size <= 1 << 16 and not (mix and mix.has_context_only) else np.int32
     tokens = {split: [] for split in SPLITS}
     counts = {"val_bytes": 0, "val_tokens": 0, "recall_tokens": 0, "undecodable": None}
     if ref.startswith(RECALL_PREFIX):
-        ids = tok.encode(training_document(int(ref[len(RECALL_PREFIX):]), RecallMix(**recall))[0]) + [tok.eos_id]
+        pieces = training_pieces(int(ref[len(RECALL_PREFIX):]), mix)
+        ids = [t for piece, scored in pieces for t in mark(tok.encode(piece), scored)] + [tok.eos_id]
         tokens["train"].append(ids)
         counts["recall_tokens"] = len(ids)
     else:
@@ -317,7 +327,14 @@ class TextDataModule(L.LightningDataModule):
         folder.upload(self.data_dir, sorted(meta["sha256"]))
 
     def _prepare_local(self) -> None:
-        if self.source is None or (self.data_dir / "meta.json").exists():
+        """Shards written unless there; one process at a time per folder (others wait, then reuse them)."""
+        if self.source is None:
+            return
+        with FileLock(preparation_lock(self.data_dir)):
+            self._prepare_unlocked()
+
+    def _prepare_unlocked(self) -> None:
+        if (self.data_dir / "meta.json").exists():
             return  # checked in setup(): reused if it matches, an error naming the mismatch otherwise
         if self.data_dir.exists() and any(self.data_dir.iterdir()):
             raise FileExistsError(f"{self.data_dir} holds files but no meta.json (deleted, or not written by this "
@@ -541,6 +558,14 @@ def read_meta(data_dir: Path) -> dict:
         raise InputError(f"{path} is not a shard description written by this version (no 'sha256' checksums): "
                          f"delete {data_dir} to prepare the shards again")
     return meta
+
+
+def preparation_lock(data_dir: Path) -> Path:
+    """The lock file that preparations of `data_dir` on this machine take turns on: in the temporary folder, named by
+    the folder's absolute path, so nothing is left beside the data."""
+    folder = Path(tempfile.gettempdir()) / "swax-lightning-locks"
+    folder.mkdir(exist_ok=True)
+    return folder / (hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:32] + ".lock")
 
 
 def _remove_stale_temporaries(data_dir: Path) -> None:

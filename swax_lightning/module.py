@@ -3,7 +3,8 @@
 Decisions:
 - The model is built in configure_model() from a ModelConfig (a YAML section), so that a sharded run can build it on
   the meta device and shard it (parallel.py); hyperparameters are saved in every checkpoint.
-- Loss is mean next-token cross-entropy in fp32. Validation and test accumulate a token-weighted mean with
+- Loss is mean next-token cross-entropy in fp32 over the scored targets: the context-only tokens of associative
+  recall documents are read, not scored (loss_mask.py). Validation and test accumulate a token-weighted mean with
   torchmetrics (summed over the ranks) and report loss, perplexity and bits per byte (the loss divided by ln 2 and by
   the bytes per token the data module measured on the held-out text). Their batches carry a weight (data.py): a
   padding batch, which only keeps the ranks' batch counts equal, runs the forward and adds nothing to the mean.
@@ -29,6 +30,8 @@ from torchmetrics.aggregation import MeanMetric
 
 from swax_lightning.config import ConfigError, ModelConfig, require
 from swax_lightning.inference import continue_texts, show_continuation
+from swax_lightning.kernels.ce.chunked import IGNORE_INDEX
+from swax_lightning.loss_mask import inputs_and_targets
 from swax_lightning.model import SWAXModel
 from swax_lightning.parallel import build_local, build_sharded, fsdp_mesh, mixed_precision_policy
 
@@ -173,12 +176,13 @@ class LanguageModule(L.LightningModule):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)
 
-    def loss(self, batch: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """Mean next-token cross-entropy of a [B, T+1] block batch, and the number of predicted tokens."""
-        batch = batch.long()
-        inputs, targets = batch[:, :-1], batch[:, 1:]
+    def loss(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean next-token cross-entropy of a [B, T+1] block batch over its scored targets (context-only tokens of
+        recall documents are read, not scored: loss_mask.py), and their number."""
+        inputs, targets = inputs_and_targets(batch)
+        scored = (targets != IGNORE_INDEX).sum()
         loss = self.model(inputs, targets=targets)  # chunked soft-capped cross-entropy: no [B, T, vocab] logits
-        return loss, targets.numel()
+        return torch.where(scored > 0, loss, 0.0), scored  # a batch of context only (NaN mean) adds nothing
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         loss, _ = self.loss(batch)

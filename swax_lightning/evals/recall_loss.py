@@ -27,7 +27,7 @@ import random
 import torch
 
 from swax_lightning.evals.essay import generated_essay, prose_sentences
-from swax_lightning.evals.reports import Z95, wilson_interval
+from swax_lightning.evals.reports import mean_interval, wilson_interval
 from swax_lightning.evals.ruler import load_words
 from swax_lightning.evals.scoring import token_scores
 from swax_lightning.recall_documents import eval_sample
@@ -72,12 +72,8 @@ def recall_losses(model, tokenizer, edges: list[int], samples: int, seed: int = 
 
 
 def _bucket(lo: int, hi: int, rows: list[dict]) -> dict:
-    losses = [r["loss"] for r in rows]
-    n = len(losses)
-    mean = sum(losses) / n
-    sd = math.sqrt(sum((x - mean) ** 2 for x in losses) / (n - 1)) if n > 1 else 0.0
+    n = len(rows)
+    mean, ci95 = mean_interval([r["loss"] for r in rows])
     exact = 100.0 * sum(r["exact"] for r in rows) / n
-    half = Z95 * sd / math.sqrt(n)
     return {"from": lo, "to": hi, "reach": [min(r["reach"] for r in rows), max(r["reach"] for r in rows)],
-            "loss": mean, "loss_ci95": [mean - half, mean + half], "exact": exact,
-            "exact_ci95": wilson_interval(exact, n), "n": n}
+            "loss": mean, "loss_ci95": ci95, "exact": exact, "exact_ci95": wilson_interval(exact, n), "n": n}

@@ -33,6 +33,15 @@ def wilson_interval(mean_percent: float, n: int) -> list[float]:
     return [round(100 * max(0.0, centre - half), 2), round(100 * min(1.0, centre + half), 2)]
 
 
+def mean_interval(values: list[float]) -> tuple[float, list[float]]:
+    """The mean of `values` and its 95% normal interval (mean +- 1.96 standard errors; [mean, mean] for one value)."""
+    n = len(values)
+    mean = sum(values) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in values) / (n - 1)) if n > 1 else 0.0
+    half = Z95 * sd / math.sqrt(n)
+    return mean, [mean - half, mean + half]
+
+
 def cell(values: list[float]) -> dict:
     mean = sum(values) / len(values)
     return {"mean": mean, "n": len(values), "ci95": wilson_interval(mean, len(values))}
@@ -76,8 +85,8 @@ def show(c: dict | None) -> str:
 
 
 def flat_metrics(results: dict) -> dict:
-    """TensorBoard scalars: eval/<benchmark>/<task>/<length> (mean), perplexity by position, lm-eval metrics as
-    eval/lm_eval/<task>/<metric>/<filter>."""
+    """TensorBoard scalars: eval/<benchmark>/<task>/<length> (mean), perplexity by position, MQAR as
+    eval/mqar/gap_<gap>/accuracy and .../value_loss, lm-eval metrics as eval/lm_eval/<task>/<metric>/<filter>."""
     metrics = {}
     for name in ("niah", "babilong"):
         for task, row in results.get(name, {}).get("scores", {}).items():
@@ -89,6 +98,9 @@ def flat_metrics(results: dict) -> dict:
     for row in results.get("recall", {}).get("buckets", []):
         metrics[f"eval/recall/{row['from']}-{row['to']}/answer_loss"] = row["loss"]
         metrics[f"eval/recall/{row['from']}-{row['to']}/exact"] = row["exact"]
+    for row in results.get("mqar", {}).get("gaps", []):
+        metrics[f"eval/mqar/gap_{row['gap']}/accuracy"] = row["accuracy"]
+        metrics[f"eval/mqar/gap_{row['gap']}/value_loss"] = row["loss"]
     for task, cells in results.get("lm_eval", {}).items():
         for metric, c in cells.items():
             metrics[f"eval/lm_eval/{task}/{metric.replace(',', '/')}"] = c["value"]
@@ -134,6 +146,12 @@ def _reach(bucket: dict) -> str:
     return "-" if "reach" not in bucket else f"{bucket['reach'][0]}-{bucket['reach'][1]}"
 
 
+def _with_interval(row: dict, key: str, digits: int, interval_digits: int) -> str:
+    """row[key] and its interval row[key_ci95] as "value [low, high]"."""
+    low, high = row[f"{key}_ci95"]
+    return f"{row[key]:.{digits}f} [{low:.{interval_digits}f}, {high:.{interval_digits}f}]"
+
+
 def _interval(c: dict) -> str:
     return "-" if c["ci95"] is None else f"[{c['ci95'][0]:.4f}, {c['ci95'][1]:.4f}] ({c['interval']})"
 
@@ -166,10 +184,19 @@ def markdown(results: dict, with_settings: bool = True) -> str:
                   "to the answer (a layer must see that far back to copy it); loss: mean cross-entropy of the "
                   "answer's tokens (nats) [95% interval]; exact: all answer tokens top-1, % [95% Wilson interval].\n",
                   "| distance | reach | loss | exact | n |", "|---|---|---|---|---|"]
-        lines += [f"| {r['from']}-{r['to']} | {_reach(r)} | "
-                  f"{r['loss']:.3f} [{r['loss_ci95'][0]:.3f}, {r['loss_ci95'][1]:.3f}] | "
-                  f"{r['exact']:.1f} [{r['exact_ci95'][0]:.0f}, {r['exact_ci95'][1]:.0f}] | {r['n']} |"
-                  for r in results["recall"]["buckets"]]
+        lines += [f"| {r['from']}-{r['to']} | {_reach(r)} | {_with_interval(r, 'loss', 3, 3)} | "
+                  f"{_with_interval(r, 'exact', 1, 0)} | {r['n']} |" for r in results["recall"]["buckets"]]
+        lines.append("")
+    if "mqar" in results:
+        lines += ["## Associative recall (MQAR) by gap\n",
+                  f"{results['mqar']['episode']}. Gap: filler characters between the pairs and their queries; reach: "
+                  "tokens from a stated value to the query that asks for it (a window W sees the pair when W >= "
+                  "reach); accuracy: queries whose value is the top prediction, % [95% Wilson interval], n queries; "
+                  "value loss: mean cross-entropy of the values (nats) [95% interval over episodes]. Chance: "
+                  f"{results['mqar']['chance']}.\n",
+                  "| gap | reach | accuracy | value loss | n |", "|---|---|---|---|---|"]
+        lines += [f"| {r['gap']} | {r['reach'][0]}-{r['reach'][1]} | {_with_interval(r, 'accuracy', 1, 0)} | "
+                  f"{_with_interval(r, 'loss', 3, 3)} | {r['n']} |" for r in results["mqar"]["gaps"]]
         lines.append("")
     if "lm_eval" in results:
         lines += ["## lm-evaluation-harness\n",
