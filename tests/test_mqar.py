@@ -246,6 +246,7 @@ def test_two_preparations_of_one_folder_take_turns(tmp_path):
                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
     written = [run.communicate(timeout=300) for run in runs]
     assert all(run.returncode == 0 for run in runs), [err[-2000:] for _, err in written]
-    assert written[0][0] == written[1][0]  # the same meta.json: one preparation wrote, the other reused it
+    inode = [out.splitlines()[-1] for out, _ in written]  # after the preparation's summary line, if it printed one
+    assert inode[0] == inode[1]  # the same meta.json: one preparation wrote, the other reused it
     _mqar_data(tmp_path, documents=2000).setup("fit")  # complete, every checksum as recorded
     assert not [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
