@@ -1,41 +1,25 @@
 """SwaxCLI: LightningCLI with the window schedule, run naming, start-up checks and one-line configuration errors that
 every swax-lightning run shares.
 
-- `window:` (a YAML section) configures the StochasticWindow callback, always installed: a fixed window, the
-  paper's stochastic mix, or empty for the model's own window.
-- `eval:` configures the EvalSuite callback (swax_lightning/evals/suite.py), always installed: the evaluations that
-  `main.py test` runs after its test loop (none when empty).
-- `experiment:` and `arm:` name the run: its logs and checkpoints go to <save_dir>/<experiment>/<arm>/ with a
-  TensorBoardLogger or CSVLogger (name = experiment, version = arm) and with a WandbLogger (project = experiment,
-  run name and id = arm; W&B keeps its own files in <save_dir>/wandb/). The run's config.yaml goes to that folder
-  too, whatever the logger (Lightning writes it to the bare save_dir for loggers other than TensorBoard and CSV,
-  where the arms of a study would overwrite each other's). A rerun or resume of an arm continues in the
-  same folder, and `tensorboard --logdir runs` lines the arms of a study up side by side. `--print_config` prints
-  the run folder as its first line (a YAML comment) and the logger settings that make it.
-- `extends: other.yaml` at the top of a config file (given with `--config` or `-c`) puts that file's settings first,
-  then this file's on top (deep merge, as with several --config): an arm differing from another in one field is a
-  three-line file.
-- The configuration is the truth. LightningCLI parses a checkpoint's hyperparameters over it when `--ckpt_path` is
-  given, so a checkpoint's model settings silently won over the file and the command line; here that step is
-  replaced by a check: a checkpoint trained with another architecture is refused before anything runs, with the
-  differing fields named (every `model.arch` field must match; evaluate at another window with
-  `window.eval_window` or `eval.window`). `validate`, `test` and `predict` without `--ckpt_path` would evaluate
-  random weights and are refused unless `--allow_random_weights true` is given.
-- LightningCLI's `--optimizer` / `--lr_scheduler` groups are switched off: the optimizer and schedule are
-  `model.optim` (LanguageModule.configure_optimizers), which those groups would silently bypass or break.
-- Configuration errors are one line, `error: <message>`, on stderr with exit code 2 (argparse's convention), and no
-  traceback: a value the parser rejects, a ConfigError from a config dataclass (it names the field), a ValueError or
-  FileNotFoundError raised while the classes are built from the configuration (their constructors validate their
-  arguments), Lightning's MisconfigurationException, a launch whose ranks would never all come (devices x num_nodes
-  against what torchrun or SLURM started; num_nodes > 1 with nothing starting the other nodes), and a missing or
-  unreadable config or checkpoint file. Any other exception is a bug and keeps its traceback; SWAX_DEBUG=1 shows the
-  traceback of configuration errors too.
-- After `fit`, the run folder gets environment.json: what the fit ran on (machine, CPU kernels, threads, package
-  versions; swax_lightning/environment.py), the facts that can change its floating-point results.
-- After `fit`, the run's settings (model, data, window schedule) go to every logger's hyperparameters; TensorBoard
-  gets them as one HPARAMS entry with the final validation metrics (hp/val_loss, hp/val_bpb), so the HPARAMS tab
-  compares arms by their settings. Set the logger's default_hp_metric to false to keep Lightning's placeholder
-  hp_metric out of it.
+- `window:` configures the StochasticWindow callback and `eval:` the EvalSuite callback (evals/suite.py: what
+  `main.py test` runs after its test loop); both are always installed, empty meaning the model's own window and no
+  evaluations.
+- `experiment:` and `arm:` name the run folder <save_dir>/<experiment>/<arm>/ (runs.py): logs, checkpoints and the
+  config file of each command go there whatever the logger (TensorBoard, CSV, W&B), so the arms of a study never
+  overwrite each other and `tensorboard --logdir runs` lines them up. `--print_config` prints that folder first.
+- `extends: other.yaml` at the top of a config file puts that file's settings first, then this file's on top (deep
+  merge): an arm differing from another in one field is a three-line file.
+- The configuration is the truth: where LightningCLI would parse a checkpoint's hyperparameters over it, a
+  checkpoint trained with another architecture is refused before anything runs, the differing fields named
+  (evaluate at another window with `window.eval_window` or `eval.window`). `validate`, `test` and `predict` without
+  `--ckpt_path` are refused unless `--allow_random_weights true`. LightningCLI's `--optimizer` / `--lr_scheduler`
+  groups are off: the optimizer is `model.optim`, which they would bypass.
+- Configuration errors (a rejected value, a config dataclass's ConfigError, a constructor's ValueError or missing
+  file, Lightning's MisconfigurationException, a launch whose ranks would never all come, an unreadable config or
+  checkpoint) are one line, `error: <message>`, on stderr with exit code 2 and no traceback (SWAX_DEBUG=1 shows it).
+  Any other exception is a bug and keeps its traceback.
+- After `fit`: environment.json (what the fit ran on, environment.py), and the run's settings as every logger's
+  hyperparameters; TensorBoard gets one HPARAMS entry with the final validation metrics (hp/val_loss, hp/val_bpb).
 """
 from __future__ import annotations
 

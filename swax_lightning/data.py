@@ -5,50 +5,38 @@ document), under `data_dir`, unless they are already there; training streams the
 StreamingDataLoader. `main.py validate` reads `val/`, `main.py test` the held-out `test/` split.
 
 Decisions:
-- The source is read and tokenized once, by one worker process per core (inputs dealt round-robin); each input's
-  tokens go to a staging file per split, and litdata's `optimize` then writes each split's shards from those files
-  in one process, so the shards are byte for byte those of a single process whatever the number of cores.
-  Validation bytes and recall tokens for meta.json are counted in the same pass. The workers are plain daemon
-  processes; Ctrl-C is held back while they start (one arriving inside Process.start() could leave a running
-  worker nothing stops, which the interpreter's exit then waits for: the likely cause of an interrupted-preparation
-  test hanging), and a worker's failure is raised by the parent naming the input.
-- Shards are written with litdata's `optimize` and `TokensLoader` (documents concatenated, each followed by the
-  end-of-text id), with a chunk size that is a multiple of seq_len + 1 so no block straddles a chunk
-  (docs/design.md section 8).
+- The source is read and tokenized once, by one worker process per core (inputs dealt round-robin) into staging
+  files per split; litdata's `optimize` then writes each split's shards from them in one process, so the shards are
+  byte for byte those of a single process whatever the number of cores. A worker's failure is raised by the parent
+  naming the input; Ctrl-C is held back while workers start, so none is left running that nothing stops.
+- Shards hold documents concatenated, each followed by the end-of-text id (`TokensLoader`), in chunks of a multiple
+  of seq_len + 1 tokens so no block straddles a chunk (docs/design.md section 8).
 - Nothing half-written replaces good data: shards are written to a temporary sibling folder and renamed into place;
-  an interrupted preparation (Ctrl-C: litdata's own handler, which exits with status 0 and orphans its worker, is
-  replaced for the duration) removes that folder and stops the workers it started; a killed one's folder is removed
-  by the next preparation. An existing `data_dir` is reused only if its meta.json matches the source, tokenizer
-  and seq_len; a folder without a readable meta.json is refused, never re-tokenised over.
-- Everything that can be checked is checked in prepare_data/setup, before any training step, and the error names
-  the field or file: the model's vocab_size against the tokenizer's, the configured tokenizer against the one the
-  shards were made with (by content fingerprint), each shard's size and content checksum (shards.py), and a train
-  split holding at least one batch per device and worker.
-- The training split's documents are written in a fixed shuffled order (a pure function of the document list), not
-  the source's: litdata shuffles the order of chunks and the items inside each, so a run that reads fewer blocks
-  than a chunk holds (about 4,000 blocks of 1,024 tokens) sees one chunk's documents only. In source order that was
-  a few neighbouring files, and with `recall` documents appended after the text, a 250-step study arm read no
-  recall document at all.
-- Two commands preparing the same folder at once on one machine (a study's runs side by side) take turns on a lock
-  file (in the temporary folder, named by the data folder's path): the second waits, then reuses the first's shards.
-- `recall` adds synthetic long-range recall documents (recall.py) to the training split only, so validation and test
-  losses stay those of the source's text; meta.json records their tokens and share of the training split. An
+  an interrupted preparation removes that folder and stops its workers (litdata's own Ctrl-C handler, which exits
+  with status 0 and orphans a worker, is replaced meanwhile); a killed one's folder is removed by the next. An
+  existing `data_dir` is reused only if its meta.json matches the source, tokenizer and seq_len; a folder without a
+  readable meta.json is refused, never re-tokenised over. Two preparations of one folder on one machine take turns
+  on a lock file: the second reuses the first's shards.
+- Everything checkable is checked in prepare_data/setup, before any training step, naming the field or file: the
+  tokenizer against the one the shards were made with (content fingerprint), each shard's size and checksum
+  (shards.py), a train split of at least one batch per device and worker.
+- The training documents are written in a fixed shuffled order (a pure function of the document list): litdata
+  shuffles chunks and the items inside each, so a short run reads one chunk's documents only, and in source order
+  those would be a few neighbouring files, or none of the recall documents appended after the text.
+- `recall` adds synthetic long-range recall documents (recall_documents.py) to the training split only, so
+  validation and test losses stay those of the source's text; meta.json records their tokens and share. An
   associative-recall document's tokens other than its queried values are written marked context-only (int32
   shards; loss_mask.py), so that training scores the values alone.
-- `data_dir` may be an s3:// folder (remote.py): the shards are prepared in a local cache folder by the same code,
-  checked and uploaded once for the whole cluster (global rank 0), and streamed by litdata from the bucket through
-  that cache on every node.
+- `data_dir` may be an s3:// folder (remote.py): prepared in a local cache by the same code, checked and uploaded
+  once for the cluster (global rank 0), streamed by litdata through that cache on every node.
 - Resume mid-epoch is Lightning's: it saves the StreamingDataLoader state in the checkpoint.
-- Validation and test read the split as one fixed list of batches, the same whatever the number of ranks (batch j =
-  blocks j * batch_size ... (j + 1) * batch_size - 1; the last one may be shorter): rank r of W takes batches
-  r, r + W, r + 2W, ... and every rank gets exactly ceil(n / W), the missing ones being padding batches (a real
-  batch again, weight 0: it runs the forward, which under FSDP2 needs every rank for its all-gathers, and counts in
-  no metric). So no rank waits for one that has more batches, and the token-weighted losses equal those of a
-  1-process run over the same batches (float summation order aside). litdata's own split deals whole chunks to the
-  ranks (9 and 11 validation batches on 2 ranks), and Lightning's DistributedSampler pads by repeating real samples,
-  which would count them twice. `limit_val_batches` / `limit_test_batches` are Lightning's, applied by each rank to
-  its ceil(n / W) batches: an integer L on W ranks evaluates the first L x W batches of the list (those a 1-process
-  run with limit L x W evaluates), the same on every rank, so the counts stay equal with a limit too.
+- Validation and test read the split as one fixed list of batches, the same for any number of ranks: rank r of W
+  takes batches r, r + W, ... and every rank gets exactly ceil(n / W), the missing ones padding batches (a real
+  batch of weight 0: it runs the forward, which FSDP2 needs on every rank, and counts in no metric). So no rank
+  waits on another and the token-weighted losses equal a 1-process run's over the same batches. litdata's own split
+  deals whole chunks (uneven counts), and Lightning's DistributedSampler repeats real samples (counted twice).
+  `limit_val_batches` / `limit_test_batches` apply per rank: an integer L on W ranks evaluates the first L x W
+  batches of the list, as a 1-process run with limit L x W.
 - Bits per byte needs bytes per token; it is measured on the validation split when the shards are written and kept
   in meta.json (exactly 1 minus the end-of-text share for the byte tokenizer).
 """

@@ -13,10 +13,9 @@ A question repeats a fact stated `distance` characters before (measured from the
 predictable only by remembering. Distances follow a documented mixture: with probability 1 - far_share uniform in
 [min_distance, near_limit) (most recalls are short, as in natural text), else uniform in [near_limit, max_distance]
 (beyond the long window). Distances run from the fact's start (its last mention) to the question's start, and the
-question names the mention nearest that point. Statements are 57-95 characters, so distances under about 60 mostly
-name the statement just before the question (79% of questions at the window study's 8-63): the position, not the
-key, then says which fact is asked. A `min_distance` above a statement's length (100) mostly removes that shortcut
-(13% one statement back, 46% two, the rest further).
+question names the mention nearest that point. Statements are 57-95 characters, so a distance under one statement
+mostly names the statement just before the question, and the position rather than the key says which fact is asked:
+a `min_distance` above a statement's length (100) removes most of that shortcut.
 With the byte tokenizer characters are tokens.
 
 Held-out samples (`eval_sample`) share nothing with training but the wording: keys are adjective-noun words (RULER's

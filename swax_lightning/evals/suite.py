@@ -76,7 +76,7 @@ class EvalSuite(Callback):
         perplexity_len: Sequence length for perplexity by position on the held-out shards (empty = skip).
         perplexity_samples: Sequences for it.
         recall_edges: Distance buckets (characters between a fact and its question) of the answer-token loss by
-            recall distance (recall.py), e.g. [1, 16, 256, 1024, 8192]; empty = skip.
+            recall distance (evals/recall_loss.py), e.g. [1, 16, 256, 1024, 8192]; empty = skip.
         recall_samples: Samples per bucket.
         mqar_gaps: Gaps (filler characters) of the associative-recall evaluation (evals/mqar.py: accuracy and value
             loss by gap), e.g. [0, 16, 64, 256, 1024]; empty = skip.
