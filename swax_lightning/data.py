@@ -69,7 +69,7 @@ from litdata.processing.data_processor import DataProcessor
 from litdata.streaming.resolver import Dir
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from swax_lightning import atomic
+from swax_lightning import atomic, loss_mask
 from swax_lightning.config import ConfigError, InputError
 from swax_lightning.corpus import EMBEDDED, document_refs, read_documents, split_of
 from swax_lightning.inference import read_prompts
@@ -158,8 +158,8 @@ def staged_tokens(position: int, staging: Path, split: str):
 def within_vocabulary(tokens: torch.Tensor, vocab_size: int, where: Path) -> torch.Tensor:
     """The batch itself, or an InputError naming the split when it holds an id no tokenizer of this size produces
     (shards changed after preparation and not checked, data.verify_checksums false), instead of an IndexError deep in
-    the embedding."""
-    top = int(tokens.int().max())  # uint16 shards: torch has no max for them
+    the embedding. Context-only marks (loss_mask.py) are not ids: they are removed before the check."""
+    top = int(loss_mask.unmarked(tokens).max())
     if top >= vocab_size:
         raise InputError(f"{where} holds token id {top}, outside the tokenizer's {vocab_size} ids: its shards changed "
                          f"after preparation (data.verify_checksums true names the file) or come from another "

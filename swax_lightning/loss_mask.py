@@ -24,10 +24,14 @@ def mark(ids: list[int], scored: bool) -> list[int]:
     return ids if scored else [i + CONTEXT_ONLY for i in ids]
 
 
+def unmarked(batch: torch.Tensor) -> torch.Tensor:
+    """The token ids of a stored batch, context-only marks removed (int64)."""
+    batch = batch.long()
+    return torch.where(batch < CONTEXT_ONLY, batch, batch - CONTEXT_ONLY)
+
+
 def inputs_and_targets(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A [B, T+1] block batch as (inputs [B, T], targets [B, T]): ids without marks, and the next ids with every
     context-only one replaced by IGNORE_INDEX."""
-    batch = batch.long()
-    scored = batch < CONTEXT_ONLY
-    ids = torch.where(scored, batch, batch - CONTEXT_ONLY)
+    ids, scored = unmarked(batch), batch.long() < CONTEXT_ONLY
     return ids[:, :-1], torch.where(scored[:, 1:], ids[:, 1:], IGNORE_INDEX)

@@ -250,3 +250,21 @@ def test_two_preparations_of_one_folder_take_turns(tmp_path):
     assert inode[0] == inode[1]  # the same meta.json: one preparation wrote, the other reused it
     _mqar_data(tmp_path, documents=2000).setup("fit")  # complete, every checksum as recorded
     assert not [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
+
+
+def test_the_training_loader_reads_marked_mqar_blocks_and_still_names_a_foreign_id(tmp_path):
+    # A 2,000-step study arm stopped at its first MQAR batch: the loader's vocabulary check read the context-only
+    # mark as a token id (1,073,741,946 against 257).
+    from swax_lightning.config import InputError
+    from swax_lightning.data import within_vocabulary
+    from swax_lightning.loss_mask import CONTEXT_ONLY
+
+    data = _mqar_data(tmp_path)
+    data.prepare_data()
+    data.setup("fit")
+    batches = list(data.train_dataloader())
+    assert any(bool((batch >= CONTEXT_ONLY).any()) for batch in batches)  # marked blocks went through
+    foreign = batches[0].clone()
+    foreign[0, 0] = 257
+    with pytest.raises(InputError, match="holds token id 257, outside the tokenizer's 257 ids"):
+        within_vocabulary(foreign, 257, tmp_path / "shards/train")
