@@ -43,7 +43,7 @@ TFLA_MIN_HEAD_DIM = 16
 # (benchmarks/mlstm_kernel.py, bf16, T 4k-64k, one H200, 2026-11-30). Only the own Triton kernel and the PyTorch path
 # have been measured (the own kernel 43-99x faster); TFLA has not run on a GPU yet, so no shape picks it. A shape not
 # listed takes the own Triton kernel where it fits: its backward is also the one exact with the norm's eps (TFLA's,
-# like most mLSTM kernels', holds the normaliser and stabiliser constant: tests/test_mlstm_tfla.py).
+# like most mLSTM kernels', holds the normaliser and stabiliser constant: tests/kernels/test_mlstm_tfla.py).
 MLSTM_AUTO_MEASURED = {(128, 128): "triton", (256, 512): "triton"}
 # fp32 at head dim 256: the SWA dk/dv kernel needs 272 KiB of shared memory per block, more than any GPU has (Hopper:
 # 227 KiB; figures from compiling the kernels for sm_90).

@@ -118,8 +118,8 @@ def test_mlstm_kernel_matches_torch(kernel, T, H, dqk, dv, chunk, gates):
 
 @pytest.mark.parametrize("case,seed", [("i=-f", 0), ("i=-f", 1), ("write_all", 0)])
 def test_mlstm_triton_gradients_at_the_soft_cap_match_fp64(case, seed):
-    # The CPU test of the exact backward (tests/test_mlstm_triton.py), compiled: fp32 dots are exact there too.
-    from tests.test_mlstm_triton import assert_exact_at_the_soft_cap, saturated_grad_errors
+    # The CPU test of the exact backward (tests/kernels/test_mlstm_triton.py), compiled: fp32 dots are exact there too.
+    from tests.kernels.test_mlstm_triton import assert_exact_at_the_soft_cap, saturated_grad_errors
 
     assert_exact_at_the_soft_cap(saturated_grad_errors(case, seed, device="cuda"))
 
@@ -163,7 +163,7 @@ def test_deltanet_fla_matches_torch(T, dtype):
 def test_chunked_loss_backward_runs_in_bf16_under_autocast_on_cuda():
     from swax_lightning.kernels.ce.chunked import softcap_cross_entropy_chunked
 
-    from tests.test_chunked_ce import MatmulDtypes
+    from tests.kernels.test_chunked_ce import MatmulDtypes
 
     g = torch.Generator(device="cuda").manual_seed(0)
     h = torch.randn(3000, 256, device="cuda", generator=g).requires_grad_()

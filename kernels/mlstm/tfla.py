@@ -13,7 +13,7 @@ unchanged and keeps their backward free of inf - inf) and the padded outputs dro
 target chunk size.
 
 Their backward holds the normaliser and the stabiliser constant (as most mLSTM kernels do): exact only where the
-per-head norm after the cell cancels them (tests/test_mlstm_tfla.py measures how far it is at the soft cap).
+per-head norm after the cell cancels them (tests/kernels/test_mlstm_tfla.py measures how far it is at the soft cap).
 """
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ Decisions:
   the official rows: qa1 180, qa2 458, qa3 1,457, qa4 71, qa5 575. Those means come from the official 0k split
   (RMT-team/babilong-1k-samples, 999-1,000 rows per task): its bytes per row on the dataset card, less the row's
   question and target (booydar/babilong's evaluation files list them for the same rows) and Arrow's three 4-byte
-  offsets. tests/test_babilong.py holds the generator within 10% of each.
+  offsets. tests/evals/test_babilong.py holds the generator within 10% of each.
 - Lengths are in the model's tokens: the filler is sized so the prompt fills `length - max_new_tokens` tokens; length 0
   means the facts alone. The official splits are named in GPT-2 tokens (0k, 1k, ... 128k, 512k, 1M), which cannot be
   counted offline here; each sample records its characters and an estimate of its GPT-2 tokens (characters / 4, the

@@ -18,7 +18,7 @@ Decisions:
   seeded random places. Everything is a pure function of (seed, task, length, depth, index).
 - Depths: RULER's grid of 40 evenly spaced depths (depth_grid). With a few depths that include 1.0, a model that sees
   only its last W tokens finds the needle right before the question in one sample of five and scores 20 at any
-  length; over 40 depths its score is the share of the haystack inside its window (tests/test_ruler.py).
+  length; over 40 depths its score is the share of the haystack inside its window (tests/evals/test_ruler.py).
 - The essay haystack is generated prose (essay.py: no training corpus here holds it) unless a text is given; key
   words come from words.txt beside this file.
 """

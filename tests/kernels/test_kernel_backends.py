@@ -143,7 +143,7 @@ def test_deltanet_backend_choice(monkeypatch):
 def test_own_kernels_compile_for_hopper_within_its_shared_memory():
     # benchmarks/kernel_shared_memory.py on its smallest configurations: the real wrappers' launches (forward and
     # backward), compiled for sm_90 without a GPU, each within the 227 KiB of shared memory a Hopper block may have.
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "benchmarks/kernel_shared_memory.py", "--dtypes", "bfloat16",
                           "--head_dims", "32", "--chunks", "16"], cwd=root, capture_output=True, text=True,
                          env={**os.environ, "TRITON_INTERPRET": "0"}, timeout=600, check=True)

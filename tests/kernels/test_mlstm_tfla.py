@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from swax_lightning.kernels import backends, mlstm_chunkwise, mlstm_parallel, mlstm_recurrent
 
 from swax_lightning.config import ConfigError, ModelConfig
-from tests.test_mlstm_triton import saturated_grad_errors
+from tests.kernels.test_mlstm_triton import saturated_grad_errors
 
 pytest.importorskip("mlstm_kernels")
 from swax_lightning.kernels.mlstm.tfla import mlstm_chunkwise_tfla, padded_length  # noqa: E402
@@ -80,7 +80,7 @@ def test_backward_at_independent_saturated_gates_matches_fp64():
 @pytest.mark.xfail(strict=True, reason="known: TFLA's backward holds the normaliser and the stabiliser constant, "
                    "exact only where the per-head norm cancels them; at i = -f near the soft cap (issue 31's case) "
                    "it is off by 7e-3 (dq, dk) and 2e-2 (di, df) against fp64, as the own kernel was before it took "
-                   "their terms (tests/test_mlstm_triton.py). Strict: fails once TFLA is exact there.")
+                   "their terms (tests/kernels/test_mlstm_triton.py). Strict: fails once TFLA is exact there.")
 def test_backward_at_the_soft_cap_with_i_equal_minus_f_is_exact():
     errors = saturated_grad_errors("i=-f", 0, kernel=mlstm_chunkwise_tfla)
     assert max(errors["triton"][n] for n in "vif") < 1e-3, errors

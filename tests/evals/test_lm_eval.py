@@ -19,7 +19,7 @@ pytest.importorskip("lm_eval")
 from swax_lightning.evals import reports  # noqa: E402
 from swax_lightning.evals.lm_eval_adapter import SwaxLM, metric_cell, run_lm_eval  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOK = ByteTokenizer()
 MC_TASK = """task: swax_tiny_mc
 dataset_path: json
