@@ -3,7 +3,9 @@
 #   bash benchmarks/gpu_check.sh [summary.json]   run it (summary default: gpu_check.json in the repository root)
 #   bash benchmarks/gpu_check.sh --dry-run        print every stage, its time limit and its basis, and the wheels
 #   bash benchmarks/gpu_check.sh --wheels         download those wheels into benchmarks/wheels/ (a networked machine)
-# The stages (STAGES below is the one list; limits in seconds, 420 in all without the study: 60 s of margin):
+#   bash benchmarks/gpu_check.sh --study [summary.json]   the GPU window study instead (issue 26 item 5): install,
+#                                                 then the six arms of configs/study_gpu, seed 0, in 8 minutes
+# The stages (STAGES below is the one list; limits in seconds, 420 in all: 60 s of margin):
 # - install: .venv if its torch sees a GPU; else the machine's python3 if its torch does (a CUDA image without
 #   network: what it lacks comes from benchmarks/wheels/, made beforehand with --wheels and carried along, pytest
 #   included); else bash setup.sh. flash-attn only from a prebuilt wheel (optional).
@@ -15,8 +17,10 @@
 #   Triton against TFLA; forward + backward at 4 x 256 x 512 and 16 x 128 x 128, T 4k / 16k / 64k, bf16), SWA (own
 #   Triton against FlexAttention and flash-attn where installed; T 4k / 16k / 64k, W 128 / 2048, 16 x 128, bf16), the
 #   1.4B step at T 16k with W 128 and W 2048 (bf16 autocast, activation checkpointing) and its MFU; the quick start
-#   through main.py fit for 50 steps on the GPU; the study slot (issue 26 item 5: skipped, saying so, while its
-#   config STUDY_CONFIG is missing; its limit then comes out of the margin).
+#   through main.py fit for 50 steps on the GPU.
+# - study (only with --study, after install, in a budget of its own): the tokenizer is trained (seconds), then
+#   `python -m swax_lightning.study run configs/study_gpu --seeds 0 --jobs 2` (two runs share the GPU: a 34M model
+#   leaves it idle between kernels); its report ends the stage log, its runs go under $GPU_CHECK_LOGS/runs.
 # The summary JSON is rewritten (atomically) after every stage, so a stage that fails or times out, or the whole
 # check stopped from outside, leaves every stage done so far: rc (124: timed out), seconds, pytest's counts and
 # failures, the benchmarks' rows, and the issue 31 targets they measure (own mLSTM / TFLA >= 1.0 at 4 x 256 x 512,
@@ -29,13 +33,15 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 # What a CUDA image with torch, triton, lightning, torchmetrics, tensorboard, numpy and PyYAML may lack, taken without
 # their declared dependencies (litdata's would pull a CUDA torch stack). boto3 and its kin: litdata imports them at
-# start-up; pytest and its own dependencies run the tests; pytest-timeout gives each test a limit.
+# start-up; tokenizers: the study's BPE (it imports without huggingface-hub); pytest and its own dependencies run the
+# tests; pytest-timeout gives each test a limit.
 OFFLINE_WHEELS="jsonargparse==4.53.0 docstring-parser==0.18.0 typeshed-client==2.15.0 litdata==0.2.76 obstore==0.12.1
   boto3==1.44.8 botocore==1.44.8 s3transfer==0.19.3 jmespath==1.1.0 fla-core==0.6.0 einops==0.8.2 mlstm_kernels==2.0.6
-  pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 pygments==2.21.0 packaging==26.4 pytest-timeout==2.4.0"
-STUDY_CONFIG=configs/study/gpu.yaml
+  tokenizers==0.23.3 pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 pygments==2.21.0 packaging==26.4 pytest-timeout==2.4.0"
+STUDY_CONFIGS=configs/study_gpu
+STUDY_TOKENIZER=data/tokenizers/embedded-8192.json
 GPU_TESTS="-m gpu tests/test_gpu.py"
-# name | phase (tests: side by side; else alone, in order) | limit s | basis of the limit
+# name | phase (tests: side by side; -: alone, in order; study: only with --study) | limit s | basis of the limit
 # The last run (2026-11-30, one H200; README "Measured on one H200") recorded the totals (325 s, 333 s) and which
 # stages ran out, not each stage's seconds: a limit is 2 x the last measured time where one is known, else the
 # basis says what it rests on.
@@ -50,7 +56,7 @@ swa|-|60|last: done within its 75 s with 5 implementations; 2-3 now (own, FlexAt
 train_1.4b_w128|-|35|never run at W 128; at W 2048: 0.767 s a step, done within its 40 s with 5 steps, 4 now
 train_1.4b_w2048|-|35|last: 0.767 s a step, done within its 40 s with 5 steps, 4 now
 fit_tiny|-|30|last: 200 steps in 30 s with start-up (README); 50 steps now
-study|-|60|issue 26 item 5, once $STUDY_CONFIG exists (its 60 s are the margin's); skipped in 0 s while it is missing"
+study|study|420|never run on a GPU: six arms of 300 steps of 16 x 4,096 tokens, two at a time, estimated from the tiny fit's 166k and the 1.4B step's 21k tokens/s"
 
 stage_install() {
   if [ -x .venv/bin/python ] && sees_gpu .venv/bin/python; then
@@ -85,16 +91,15 @@ stage_fit_tiny() {
     --trainer.max_steps 50 --trainer.val_check_interval 25 --trainer.logger.init_args.save_dir "$LOG/runs"
 }
 stage_study() {
-  if [ ! -f "$STUDY_CONFIG" ]; then
-    echo "study: skipped: $STUDY_CONFIG is missing (issue 26 item 5 writes it)"
-    return 0
-  fi
-  "$PY" main.py fit --config "$STUDY_CONFIG" --trainer.accelerator gpu --trainer.precision bf16-mixed \
-    --trainer.logger.init_args.save_dir "$LOG/runs"
+  "$PY" -m swax_lightning.train_tokenizer --vocab_size 8192 --out "$STUDY_TOKENIZER" &&
+    "$PY" -m swax_lightning.study run "$STUDY_CONFIGS" --seeds 0 --jobs 2 --threads 4 --save_dir "$LOG/runs"
 }
 EXTRA="train_1.4b_compile: train_14b --window 2048 --compile
 train_1.4b_tfla: train_14b --window 2048 --kernels mlstm=tfla"
 
+stages_of_mode() {  # the stages this mode runs, in order
+  if [ "$MODE" = study ]; then printf 'install\nstudy\n'; else echo "$STAGES" | awk -F'|' '$2 != "study" {print $1}'; fi
+}
 sees_gpu() { "$1" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; }
 per_test() {  # a per-test limit where the pytest-timeout plugin is there
   "$PY" -c "import pytest_timeout" 2>/dev/null && echo "--timeout $1"
@@ -109,12 +114,13 @@ if [ "${1:-}" = "--wheels" ]; then
 fi
 if [ "${1:-}" = "--dry-run" ]; then
   echo "stage | phase | limit s | basis"
-  echo "$STAGES" | awk -F'|' '{printf "%s | %s | %s | %s\n", $1, ($2 == "-" ? "alone" : "side by side"), $3, $4}'
-  study=$([ -f "$STUDY_CONFIG" ] && echo yes || echo no)
-  total=$(echo "$STAGES" | awk -F'|' -v study="$study" '$2 == "tests" {if ($3 > t) t = $3; next}
-                                                         $1 != "study" || study == "yes" {s += $3} END {print s + t}')
+  echo "$STAGES" | awk -F'|' '{phase = $2 == "-" ? "alone" : ($2 == "tests" ? "side by side" : "--study only")
+                               printf "%s | %s | %s | %s\n", $1, phase, $3, $4}'
+  total=$(echo "$STAGES" | awk -F'|' '$2 == "tests" {if ($3 > t) t = $3; next} $2 == "-" {s += $3}
+                                       END {print s + t}')
   echo "total of the limits: $total s of 480 (the side-by-side tests count once: their slowest group's limit)"
-  [ "$study" = yes ] || echo "study: $STUDY_CONFIG is missing: the stage would be skipped (not counted above)"
+  study=$(( $(field install 3) + $(field study 3) ))
+  echo "--study: install and study, $study s of 480 (the study's arms: $(ls $STUDY_CONFIGS | grep -v '^_' | paste -sd' '))"
   echo "extra with GPU_CHECK_EXTRA=1 (outside the budget): $(echo "$EXTRA" | cut -d: -f1 | paste -sd' ')"
   echo "wheels for a CUDA image without network (benchmarks/wheels/, from --wheels):"
   for wheel in $OFFLINE_WHEELS; do
@@ -129,7 +135,12 @@ if [ "${1:-}" = "--dry-run" ]; then
   exit 0
 fi
 
-SUMMARY=${1:-gpu_check.json}
+MODE=check
+if [ "${1:-}" = "--study" ]; then
+  MODE=study
+  shift
+fi
+SUMMARY=${1:-gpu_$MODE.json}
 LOG=${GPU_CHECK_LOGS:-$(mktemp -d)}
 CACHE=${GPU_CHECK_CACHE:-benchmarks/.cache}
 mkdir -p "$LOG" "$CACHE"
@@ -146,10 +157,10 @@ fi
 # The interpreter off: tests/conftest.py switches it on for the CPU tests unless told otherwise.
 export TRITON_INTERPRET=0
 export -f sees_gpu per_test train_14b $(echo "$STAGES" | cut -d'|' -f1 | sed 's/^/stage_/')
-export PY LOG GPU_TESTS STUDY_CONFIG OFFLINE_WHEELS
+export PY LOG GPU_TESTS STUDY_CONFIGS STUDY_TOKENIZER OFFLINE_WHEELS
 
 summarise() {  # rewrite the summary from the stage logs so far (atomically)
-  "$PY" benchmarks/gpu_check_summary.py "$LOG" "$SUMMARY" "$start" "$(echo "$STAGES" | cut -d'|' -f1 | paste -sd,)"
+  "$PY" benchmarks/gpu_check_summary.py "$LOG" "$SUMMARY" "$start" "$(stages_of_mode | paste -sd,)"
 }
 run_stage() {  # run_stage NAME [COMMAND...]: under its limit, stdout+stderr to $LOG/NAME.log, then rc and seconds
   local name=$1 limit t0
@@ -166,6 +177,12 @@ run_stage() {  # run_stage NAME [COMMAND...]: under its limit, stdout+stderr to 
 summarise
 run_stage install
 summarise
+if [ "$MODE" = study ]; then
+  run_stage study
+  summarise >/dev/null
+  echo "[gpu_check] study summary: $SUMMARY; logs and runs: $LOG" >&2
+  exit 0
+fi
 for name in $(names tests); do run_stage "$name" & done
 wait
 summarise

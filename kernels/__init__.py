@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from contextlib import contextmanager
 
 from swax_lightning.kernels import backends
 from swax_lightning.kernels.deltanet.chunk import gated_delta_chunkwise as _gated_delta_chunkwise_torch
@@ -41,6 +42,27 @@ _IMPLS = {  # backend name -> (module, function), imported on first use so CPU r
     "mlstm_tfla": ("swax_lightning.kernels.mlstm.tfla", "mlstm_chunkwise_tfla"),
     "deltanet_fla": ("swax_lightning.kernels.deltanet.fla", "gated_delta_chunkwise_fla"),
 }
+
+
+_SUBSTITUTES: dict[str, Callable] = {}  # operation -> function, while `substituted` is active
+
+
+@contextmanager
+def substituted(**operations: Callable):
+    """Within the block, the named operations (attention, mlstm, deltanet) run the given functions, with the same
+    arguments, instead of any backend: the dispatch's own hook for tools that need a layer's kernel to behave
+    differently (the memory estimate saves what the GPU kernels save, on the meta device) without touching the layers.
+    """
+    unknown = set(operations) - set(backends.CHOICES)
+    if unknown:
+        raise ValueError(f"substituted: unknown operations {sorted(unknown)}; expected {sorted(backends.CHOICES)}")
+    saved = dict(_SUBSTITUTES)
+    _SUBSTITUTES.update(operations)
+    try:
+        yield
+    finally:
+        _SUBSTITUTES.clear()
+        _SUBSTITUTES.update(saved)
 
 
 def backend() -> str:
@@ -68,6 +90,8 @@ def sliding_window_attention(q, k, v, window: int | None, n_sink: int = 0, scale
     """Causal attention where query t sees keys t-W+1 .. t and the first n_sink keys. window=None: full causal.
     q [B, T, Hq, D], k and v [B, T, Hkv, D]; returns [B, T, Hq, D]. kernel: the config's choice
     (kernels/backends.py)."""
+    if "attention" in _SUBSTITUTES:
+        return _SUBSTITUTES["attention"](q, k, v, window, n_sink, scale)
     name = backends.attention_backend(kernel, is_cuda=q.is_cuda, dtype=q.dtype, head_dim=q.shape[-1], T=q.shape[1],
                                       window=window, n_sink=n_sink)
     fn = {"torch": swa_blocked, "causal": _causal, "sdpa": _sdpa_dense}.get(name) or _impl(name)
@@ -79,6 +103,8 @@ def mlstm_chunkwise(q, k, v, i_pre, f_pre, initial_state: MLSTMState | None = No
     """The mLSTM cell over a sequence. Returns (h [B, T, H, DV], final MLSTMState). recompute_states: the Triton
     kernel recomputes the state entering every chunk in the backward instead of saving it (the PyTorch path keeps
     what autograd saves)."""
+    if "mlstm" in _SUBSTITUTES:
+        return _SUBSTITUTES["mlstm"](q, k, v, i_pre, f_pre, initial_state, chunk_size, recompute_states)
     name = backends.mlstm_backend(kernel, is_cuda=q.is_cuda, qk_head_dim=q.shape[-1], v_head_dim=v.shape[-1],
                                   chunk_size=chunk_size)
     if name == "triton":
@@ -91,6 +117,8 @@ def mlstm_chunkwise(q, k, v, i_pre, f_pre, initial_state: MLSTMState | None = No
 
 def gated_delta_chunkwise(q, k, v, beta, g, initial_state=None, chunk_size: int = 64, kernel: str = "auto"):
     """The gated delta rule over a sequence. Returns (o [B, T, H, DV], final state [B, H, DK, DV])."""
+    if "deltanet" in _SUBSTITUTES:
+        return _SUBSTITUTES["deltanet"](q, k, v, beta, g, initial_state, chunk_size)
     if backends.deltanet_backend(kernel, is_cuda=q.is_cuda) == "fla":
         return _impl("deltanet_fla")(q, k, v, beta, g, initial_state, chunk_size)
     return _gated_delta_chunkwise_torch(q, k, v, beta, g, initial_state, chunk_size)
@@ -98,4 +126,4 @@ def gated_delta_chunkwise(q, k, v, beta, g, initial_state=None, chunk_size: int 
 
 __all__ = ["MLSTMState", "backend", "backends", "gated_delta_chunkwise", "gated_delta_recurrent", "gated_delta_step",
            "mlstm_chunkwise", "mlstm_parallel", "mlstm_recurrent", "mlstm_step",
-           "sliding_window_attention", "sliding_window_mask", "swa_blocked", "swa_reference"]
+           "sliding_window_attention", "sliding_window_mask", "substituted", "swa_blocked", "swa_reference"]

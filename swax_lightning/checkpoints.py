@@ -57,6 +57,7 @@ class LatestCheckpoint(Callback):
             raise ValueError(f"LatestCheckpoint.every_n_train_steps must be >= 0 (got {every_n_train_steps})")
         self.every_n_train_steps, self.dirpath = every_n_train_steps, dirpath
         self._saved_step = -1
+        self.written: Path | None = None  # last.ckpt once this run has written it
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
@@ -89,6 +90,7 @@ class LatestCheckpoint(Callback):
         if trainer.is_global_zero:
             atomic.replace(tmp, final)
         trainer.strategy.barrier("LatestCheckpoint.replace")
+        self.written = final
 
     def folder(self, trainer) -> Path:
         """Where last.ckpt goes."""

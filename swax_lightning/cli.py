@@ -1,40 +1,29 @@
 """SwaxCLI: LightningCLI with the window schedule, run naming, start-up checks and one-line configuration errors that
 every swax-lightning run shares.
 
-- `window:` (a YAML section) configures the StochasticWindow callback, always installed: a fixed window, the
-  paper's stochastic mix, or empty for the model's own window.
-- `eval:` configures the EvalSuite callback (swax_lightning/evals/suite.py), always installed: the evaluations that
-  `main.py test` runs after its test loop (none when empty).
-- `experiment:` and `arm:` name the run: its logs and checkpoints go to <save_dir>/<experiment>/<arm>/ with a
-  TensorBoardLogger or CSVLogger (name = experiment, version = arm) and with a WandbLogger (project = experiment,
-  run name and id = arm; W&B keeps its own files in <save_dir>/wandb/). The run's config.yaml goes to that folder
-  too, whatever the logger (Lightning writes it to the bare save_dir for loggers other than TensorBoard and CSV,
-  where the arms of a study would overwrite each other's). A rerun or resume of an arm continues in the
-  same folder, and `tensorboard --logdir runs` lines the arms of a study up side by side. `--print_config` prints
-  the run folder as its first line (a YAML comment) and the logger settings that make it.
-- `extends: other.yaml` at the top of a config file (given with `--config` or `-c`) puts that file's settings first,
-  then this file's on top (deep merge, as with several --config): an arm differing from another in one field is a
-  three-line file.
-- The configuration is the truth. LightningCLI parses a checkpoint's hyperparameters over it when `--ckpt_path` is
-  given, so a checkpoint's model settings silently won over the file and the command line; here that step is
-  replaced by a check: a checkpoint trained with another architecture is refused before anything runs, with the
-  differing fields named (every `model.arch` field must match; evaluate at another window with
-  `window.eval_window` or `eval.window`). `validate`, `test` and `predict` without `--ckpt_path` would evaluate
-  random weights and are refused unless `--allow_random_weights true` is given.
-- LightningCLI's `--optimizer` / `--lr_scheduler` groups are switched off: the optimizer and schedule are
-  `model.optim` (LanguageModule.configure_optimizers), which those groups would silently bypass or break.
-- Configuration errors are one line, `error: <message>`, on stderr with exit code 2 (argparse's convention), and no
-  traceback: a value the parser rejects, a ConfigError from a config dataclass (it names the field), a ValueError or
-  FileNotFoundError raised while the classes are built from the configuration (their constructors validate their
-  arguments), Lightning's MisconfigurationException, and a missing or unreadable config or checkpoint file. Any
-  other exception is a bug and keeps its traceback; SWAX_DEBUG=1 shows the traceback of configuration errors too.
-- After `fit`, the run's settings (model, data, window schedule) go to every logger's hyperparameters; TensorBoard
-  gets them as one HPARAMS entry with the final validation metrics (hp/val_loss, hp/val_bpb), so the HPARAMS tab
-  compares arms by their settings. Set the logger's default_hp_metric to false to keep Lightning's placeholder
-  hp_metric out of it.
+- `window:` configures the StochasticWindow callback and `eval:` the EvalSuite callback (evals/suite.py: what
+  `main.py test` runs after its test loop); both are always installed, empty meaning the model's own window and no
+  evaluations.
+- `experiment:` and `arm:` name the run folder <save_dir>/<experiment>/<arm>/ (runs.py): logs, checkpoints and the
+  config file of each command go there whatever the logger (TensorBoard, CSV, W&B), so the arms of a study never
+  overwrite each other and `tensorboard --logdir runs` lines them up. `--print_config` prints that folder first.
+- `extends: other.yaml` at the top of a config file puts that file's settings first, then this file's on top (deep
+  merge): an arm differing from another in one field is a three-line file.
+- The configuration is the truth: where LightningCLI would parse a checkpoint's hyperparameters over it, a
+  checkpoint trained with another architecture is refused before anything runs, the differing fields named
+  (evaluate at another window with `window.eval_window` or `eval.window`). `validate`, `test` and `predict` without
+  `--ckpt_path` are refused unless `--allow_random_weights true`. LightningCLI's `--optimizer` / `--lr_scheduler`
+  groups are off: the optimizer is `model.optim`, which they would bypass.
+- Configuration errors (a rejected value, a config dataclass's ConfigError, a constructor's ValueError or missing
+  file, Lightning's MisconfigurationException, a launch whose ranks would never all come, an unreadable config or
+  checkpoint) are one line, `error: <message>`, on stderr with exit code 2 and no traceback (SWAX_DEBUG=1 shows it).
+  Any other exception is a bug and keeps its traceback.
+- After `fit`: environment.json (what the fit ran on, environment.py), and the run's settings as every logger's
+  hyperparameters; TensorBoard gets one HPARAMS entry with the final validation metrics (hp/val_loss, hp/val_bpb).
 """
 from __future__ import annotations
 
+import json
 import logging
 import re
 import sys
@@ -47,6 +36,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
 from swax_lightning import __version__
+from swax_lightning.atomic import write_text
 from swax_lightning.checkpoints import (
     LAST,
     LatestCheckpoint,
@@ -56,6 +46,7 @@ from swax_lightning.checkpoints import (
 )
 from swax_lightning.config import USAGE_ERRORS, ConfigError, ModelConfig, read_config_file, usage_errors_reported
 from swax_lightning.data import TextDataModule
+from swax_lightning.environment import ENVIRONMENT_FILE, describe
 from swax_lightning.evals.suite import EvalSuite
 from swax_lightning.module import LanguageModule, check_architecture
 from swax_lightning.runs import (
@@ -67,7 +58,7 @@ from swax_lightning.runs import (
     run_folder,
     wandb_run_id,
 )
-from swax_lightning.strategy import refuse_replica_mesh  # also registers --trainer.strategy fsdp2 and hsdp
+from swax_lightning.strategy import check_launch, refuse_replica_mesh  # also registers --trainer.strategy fsdp2, hsdp
 from swax_lightning.window import StochasticWindow
 
 # Logger class: (init arg set to the experiment, init args set to the arm). Each puts its checkpoints (and, but for
@@ -144,17 +135,20 @@ class SwaxCLI(LightningCLI):
             check_checkpoint(self.config[subcommand], subcommand)
 
     def instantiate_classes(self) -> None:
-        """The constructors validate their arguments: what they reject is a configuration error; so are a distributed
-        checkpoint given to a strategy that cannot load it, a model-parallel mesh that is not data-parallel over
-        every rank, a kernel backend the trainer's device or precision cannot run (ModelConfig.check_run), and an
-        evaluation window beyond a pretrained model's positions."""
+        """The constructors validate their arguments: what they reject is a configuration error; so are a
+        distributed checkpoint given to a strategy that cannot load it, a model-parallel mesh that is not
+        data-parallel over every rank, a launch whose ranks would never all come (strategy.check_launch), a kernel
+        backend the trainer's device or precision cannot run (ModelConfig.check_run), a vocabulary smaller than the
+        tokenizer's (check_vocabulary), and an evaluation window beyond a pretrained model's positions."""
         try:
             super().instantiate_classes()
             if self.subcommand:
                 refuse_unloadable_checkpoint(self.config[self.subcommand].get("ckpt_path"), self.trainer.strategy)
                 refuse_replica_mesh(self.trainer.strategy)
+                check_launch(self.trainer.strategy)
             self.model.arch.check_run(self.trainer.strategy.root_device.type, self.trainer.precision,
                                       training=self.subcommand == "fit")
+            check_vocabulary(self.model.arch, self.datamodule)
             if self.subcommand:
                 for suite in (c for c in self.trainer.callbacks if isinstance(c, EvalSuite)):
                     suite.check_model(self.model.arch)
@@ -176,6 +170,8 @@ class SwaxCLI(LightningCLI):
             else:
                 logger.log_hyperparams(params)
             logger.finalize("success")  # the Trainer already closed the loggers; flush what this call reopened
+        if self.trainer.is_global_zero:
+            write_text(run_folder(self.trainer) / ENVIRONMENT_FILE, json.dumps(describe(), indent=2) + "\n")
         rank_zero_only(print)(fit_summary(self.trainer, metrics))
 
 
@@ -194,6 +190,15 @@ def fit_summary(trainer, metrics: dict) -> str:
     if last is not None and last.exists():
         lines.append(f"evaluate: python main.py test --config {folder / 'config.yaml'} --ckpt_path {last}")
     return "\n".join(lines)
+
+
+def check_vocabulary(arch: ModelConfig, data: TextDataModule) -> None:
+    """The model's embedding must cover every id the data's tokenizer produces: checked here, where both are built,
+    before any long work (neither the model nor the data module reads the other's settings)."""
+    if arch.vocab_size < data.tokenizer.vocab_size:
+        raise ConfigError(f"model.arch.vocab_size = {arch.vocab_size} is smaller than the {data.tokenizer.vocab_size} "
+                          f"ids of data.tokenizer {data.tokenizer_spec!r}: set model.arch.vocab_size >= "
+                          f"{data.tokenizer.vocab_size}")
 
 
 def _raising_parsers(parser_kwargs: dict, subcommands) -> dict:
@@ -383,6 +388,23 @@ def quiet_lightning() -> None:
             handler.addFilter(_Quiet())
     for pattern in QUIET_WARNINGS:
         warnings.filterwarnings("ignore", message=pattern)
+
+
+class _ParseOnly(SwaxCLI):
+    """The settings only: nothing is seeded or built, no file is read but the configs."""
+
+    def _set_seed(self) -> None:
+        pass
+
+    def instantiate_classes(self) -> None:
+        pass
+
+
+def read_run_config(path: str | Path) -> dict:
+    """A run config file's settings exactly as `main.py` reads them (extends:, section files, every default), as
+    plain data, without building the model, data or trainer: for tools such as the memory estimate."""
+    return without_paths(_ParseOnly(LanguageModule, TextDataModule, run=False, args=["--config", str(path)],
+                                    seed_everything_default=0).config.as_dict())
 
 
 def main(args: list[str] | None = None) -> None:

@@ -40,9 +40,15 @@ class ConfigError(ValueError):
     """A configuration value outside its allowed range; the message names the field."""
 
 
-# What a command reports as one line instead of a traceback: configuration errors, values the parser rejects,
-# Lightning's misconfiguration errors.
-USAGE_ERRORS = (ConfigError, ArgumentError, MisconfigurationException)
+class InputError(ValueError):
+    """Input that cannot be used as it is: a corrupt, mismatched or too small data folder, shard, checkpoint or file.
+    The message names the file or folder and what to do; commands report it in one line."""
+
+
+# What a command reports as one line instead of a traceback: configuration errors, bad input files, values the
+# parser rejects, Lightning's misconfiguration errors, and files or folders that are missing or in the way.
+USAGE_ERRORS = (ConfigError, InputError, ArgumentError, MisconfigurationException, FileNotFoundError,
+                FileExistsError)
 
 
 @contextmanager
@@ -156,41 +162,43 @@ class ModelConfig:
         self.fgate_bias_init = tuple(self.fgate_bias_init)
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "window", "mlstm_heads", "deltanet_heads",
                      "chunk_size"):
-            _require(getattr(self, name) >= 1, name, "must be >= 1", getattr(self, name))
-        _require(self.n_sink >= 0, "n_sink", "must be >= 0", self.n_sink)
-        _require(self.deltanet_conv >= 0, "deltanet_conv", "must be >= 0 (0 = no short convolutions)",
-                 self.deltanet_conv)
-        _require(len(self.pattern) >= 1 and set(self.pattern) <= set(LAYER_KINDS), "pattern",
-                 f"letters must be from {LAYER_KINDS}", self.pattern)
-        _require(self.n_layers % len(self.pattern) == 0, "n_layers",
-                 f"must be a multiple of len(pattern)={len(self.pattern)}", self.n_layers)
+            require(getattr(self, name) >= 1, f"ModelConfig.{name}", "must be >= 1", getattr(self, name))
+        require(self.n_sink >= 0, "ModelConfig.n_sink", "must be >= 0", self.n_sink)
+        require(self.deltanet_conv >= 0, "ModelConfig.deltanet_conv", "must be >= 0 (0 = no short convolutions)",
+                self.deltanet_conv)
+        require(len(self.pattern) >= 1 and set(self.pattern) <= set(LAYER_KINDS), "ModelConfig.pattern",
+                f"letters must be from {LAYER_KINDS}", self.pattern)
+        require(self.n_layers % len(self.pattern) == 0, "ModelConfig.n_layers",
+                f"must be a multiple of len(pattern)={len(self.pattern)}", self.n_layers)
         if self.head_dim is None:
-            _require(self.d_model % self.n_heads == 0, "d_model",
-                     f"must be divisible by n_heads={self.n_heads} (or set head_dim)", self.d_model)
+            require(self.d_model % self.n_heads == 0, "ModelConfig.d_model",
+                    f"must be divisible by n_heads={self.n_heads} (or set head_dim)", self.d_model)
         else:
-            _require(self.head_dim >= 1 and self.head_dim % 2 == 0, "head_dim", "must be even and >= 2 (RoPE)",
-                     self.head_dim)
-        _require(self.attn_head_dim % 2 == 0, "d_model", "d_model / n_heads must be even (RoPE)", self.d_model)
-        _require(self.n_kv_heads is None or (self.n_kv_heads >= 1 and self.n_heads % self.n_kv_heads == 0),
-                 "n_kv_heads", f"must be >= 1 and divide n_heads={self.n_heads}", self.n_kv_heads)
+            require(self.head_dim >= 1 and self.head_dim % 2 == 0, "ModelConfig.head_dim",
+                    "must be even and >= 2 (RoPE)", self.head_dim)
+        require(self.attn_head_dim % 2 == 0, "ModelConfig.d_model", "d_model / n_heads must be even (RoPE)",
+                self.d_model)
+        require(self.n_kv_heads is None or (self.n_kv_heads >= 1 and self.n_heads % self.n_kv_heads == 0),
+                "ModelConfig.n_kv_heads", f"must be >= 1 and divide n_heads={self.n_heads}", self.n_kv_heads)
         for name, heads in (("mlstm_qk_factor", "mlstm_heads"), ("mlstm_v_factor", "mlstm_heads"),
                             ("deltanet_qk_factor", "deltanet_heads"), ("deltanet_v_factor", "deltanet_heads")):
             width, n = getattr(self, name) * self.d_model, getattr(self, heads)
-            _require(width >= n and width == int(width) and int(width) % n == 0, name,
-                     f"{name} * d_model must be a whole multiple of {heads}={n}", getattr(self, name))
+            require(width >= n and width == int(width) and int(width) % n == 0, f"ModelConfig.{name}",
+                    f"{name} * d_model must be a whole multiple of {heads}={n}", getattr(self, name))
         for name in ("gate_soft_cap", "logit_soft_cap", "rope_theta", "init_std"):
-            _require(getattr(self, name) >= 0, name, "must be >= 0", getattr(self, name))
-        _require(self.norm_eps > 0, "norm_eps", "must be > 0", self.norm_eps)
-        _require(self.ffn_dim is None or self.ffn_dim >= 1, "ffn_dim", "must be >= 1 or empty", self.ffn_dim)
-        _require(self.mlstm_norm in ("layernorm", "rmsnorm"), "mlstm_norm", "must be layernorm or rmsnorm",
-                 self.mlstm_norm)
-        _require(len(self.fgate_bias_init) == 2, "fgate_bias_init", "must be a pair (low, high)",
-                 self.fgate_bias_init)
-        _require(self.max_positions is None or self.max_positions >= 1, "max_positions", "must be >= 1 or empty",
-                 self.max_positions)
-        _require(self.max_positions is None or self.window <= self.max_positions, "window",
-                 f"must be <= max_positions={self.max_positions} (the positions the model was trained on)",
-                 self.window)
+            require(getattr(self, name) >= 0, f"ModelConfig.{name}", "must be >= 0", getattr(self, name))
+        require(self.norm_eps > 0, "ModelConfig.norm_eps", "must be > 0", self.norm_eps)
+        require(self.ffn_dim is None or self.ffn_dim >= 1, "ModelConfig.ffn_dim", "must be >= 1 or empty", self.ffn_dim)
+        require(self.mlstm_norm in ("layernorm", "rmsnorm"), "ModelConfig.mlstm_norm", "must be layernorm or rmsnorm",
+                self.mlstm_norm)
+        require(len(self.fgate_bias_init) == 2, "ModelConfig.fgate_bias_init", "must be a pair (low, high)",
+                self.fgate_bias_init)
+        require(self.max_positions is None or self.max_positions >= 1, "ModelConfig.max_positions",
+                "must be >= 1 or empty",
+                self.max_positions)
+        require(self.max_positions is None or self.window <= self.max_positions, "ModelConfig.window",
+                f"must be <= max_positions={self.max_positions} (the positions the model was trained on)",
+                self.window)
         self._check_rope_scale()
         self._check_kernels()
 
@@ -198,24 +206,26 @@ class ModelConfig:
         if self.rope_scale is None:
             return
         scale = self.rope_scale
-        _require(isinstance(scale, dict) and scale.get("type") in ROPE_SCALE_KEYS, "rope_scale",
-                 f"must be empty or a mapping with type one of {sorted(ROPE_SCALE_KEYS)}", scale)
+        require(isinstance(scale, dict) and scale.get("type") in ROPE_SCALE_KEYS, "ModelConfig.rope_scale",
+                f"must be empty or a mapping with type one of {sorted(ROPE_SCALE_KEYS)}", scale)
         keys = ROPE_SCALE_KEYS[scale["type"]]
-        _require(set(scale) == {"type", *keys}, "rope_scale",
-                 f"of type {scale['type']} takes exactly the keys type, {', '.join(keys)}", scale)
-        _require(all(isinstance(scale[k], (int, float)) and scale[k] > 0 for k in keys), "rope_scale",
-                 "values must be numbers > 0", scale)
+        require(set(scale) == {"type", *keys}, "ModelConfig.rope_scale",
+                f"of type {scale['type']} takes exactly the keys type, {', '.join(keys)}", scale)
+        require(all(isinstance(scale[k], (int, float)) and scale[k] > 0 for k in keys), "ModelConfig.rope_scale",
+                "values must be numbers > 0", scale)
         if scale["type"] == "llama3":
-            _require(scale["high_freq_factor"] > scale["low_freq_factor"], "rope_scale",
-                     "high_freq_factor must be > low_freq_factor", scale)
+            require(scale["high_freq_factor"] > scale["low_freq_factor"], "ModelConfig.rope_scale",
+                    "high_freq_factor must be > low_freq_factor", scale)
         if scale["type"] == "dynamic":
-            _require(self.max_positions is not None, "max_positions", "must be set for rope_scale type dynamic",
-                     self.max_positions)
+            require(self.max_positions is not None, "ModelConfig.max_positions",
+                    "must be set for rope_scale type dynamic",
+                    self.max_positions)
 
     def _check_kernels(self) -> None:
         """Every backend constraint (installed, head dims, sinks, chunk size), checked only for the layer kinds the
         pattern uses, so a CPU-only config never trips over a GPU backend it does not use."""
-        _require(isinstance(self.kernels, dict), "kernels", "must be a mapping operation -> backend", self.kernels)
+        require(isinstance(self.kernels, dict), "ModelConfig.kernels", "must be a mapping operation -> backend",
+                self.kernels)
         self.kernels = {**backends.DEFAULTS, **self.kernels}
         used = set(self.pattern)
         problems = backends.check_choices(
@@ -258,9 +268,10 @@ class ModelConfig:
         return self.ffn_dim or round_up(8 / 3 * self.d_model, 64)
 
 
-def _require(ok: bool, name: str, rule: str, value) -> None:
+def require(ok: bool, field_name: str, rule: str, value) -> None:
+    """Raises ConfigError "<field_name> <rule> (got <value>)" unless ok: every config check names its field this way."""
     if not ok:
-        raise ConfigError(f"ModelConfig.{name} {rule} (got {value!r})")
+        raise ConfigError(f"{field_name} {rule} (got {value!r})")
 
 
 def read_config_file(path: Path) -> tuple[Path | None, dict]:

@@ -23,6 +23,8 @@ import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
+from swax_lightning.config import InputError
+
 EMBEDDED = "embedded"
 TEXT_SUFFIXES = (".txt", ".md", ".py", ".jsonl")
 _TOPIC_PREFIX = "pydoc_data.topics:"
@@ -89,7 +91,7 @@ def read_documents(ref: str, source: str, undecodable: list[str] | None = None) 
             try:
                 yield f"{name}:{line_no}", json.loads(line)["text"]
             except (json.JSONDecodeError, KeyError, TypeError) as err:
-                raise ValueError(f"{ref} line {line_no + 1}: expected a JSON object with a 'text' field") from err
+                raise InputError(f"{ref} line {line_no + 1}: expected a JSON object with a 'text' field") from err
 
 
 def split_of(name: str, val_fraction: float, test_fraction: float) -> str:

@@ -5,43 +5,47 @@ document), under `data_dir`, unless they are already there; training streams the
 StreamingDataLoader. `main.py validate` reads `val/`, `main.py test` the held-out `test/` split.
 
 Decisions:
-- The source is read and tokenized once, by one worker process per core (inputs dealt round-robin); each input's
-  tokens go to a staging file per split, and litdata's `optimize` then writes each split's shards from those files
-  in one process, so the shards are byte for byte those of a single process whatever the number of cores.
-  Validation bytes and recall tokens for meta.json are counted in the same pass. The workers are plain daemon
-  processes; Ctrl-C is held back while they start (one arriving inside Process.start() could leave a running
-  worker nothing stops, which the interpreter's exit then waits for: the likely cause of an interrupted-preparation
-  test hanging), and a worker's failure is raised by the parent naming the input.
-- Shards are written with litdata's `optimize` and `TokensLoader` (documents concatenated, each followed by the
-  end-of-text id), with a chunk size that is a multiple of seq_len + 1 so no block straddles a chunk
-  (docs/design.md section 8).
+- The source is read and tokenized once, by one worker process per core (inputs dealt round-robin) into staging
+  files per split; litdata's `optimize` then writes each split's shards from them in one process, so the shards are
+  byte for byte those of a single process whatever the number of cores. A worker's failure is raised by the parent
+  naming the input; Ctrl-C is held back while workers start, so none is left running that nothing stops.
+- Shards hold documents concatenated, each followed by the end-of-text id (`TokensLoader`), in chunks of a multiple
+  of seq_len + 1 tokens so no block straddles a chunk (docs/design.md section 8).
 - Nothing half-written replaces good data: shards are written to a temporary sibling folder and renamed into place;
-  an interrupted preparation (Ctrl-C: litdata's own handler, which exits with status 0 and orphans its worker, is
-  replaced for the duration) removes that folder and stops the workers it started; a killed one's folder is removed
-  by the next preparation. An existing `data_dir` is reused only if its meta.json matches the source, tokenizer
-  and seq_len; a folder without a readable meta.json is refused, never re-tokenised over.
-- Everything that can be checked is checked in prepare_data/setup, before any training step, and the error names
-  the field or file: the model's vocab_size against the tokenizer's, the configured tokenizer against the one the
-  shards were made with (by content fingerprint), each shard's size and content checksum (shards.py), and a train
-  split holding at least one batch per device and worker.
-- The training split's documents are written in a fixed shuffled order (a pure function of the document list), not
-  the source's: litdata shuffles the order of chunks and the items inside each, so a run that reads fewer blocks
-  than a chunk holds (about 4,000 blocks of 1,024 tokens) sees one chunk's documents only. In source order that was
-  a few neighbouring files, and with `recall` documents appended after the text, a 250-step study arm read no
-  recall document at all.
-- `recall` adds synthetic long-range recall documents (recall.py) to the training split only, so validation and test
-  losses stay those of the source's text; meta.json records their tokens and share of the training split.
-- `data_dir` may be an s3:// folder (remote.py): the shards are prepared in a local cache folder by the same code,
-  checked and uploaded once for the whole cluster (global rank 0), and streamed by litdata from the bucket through
-  that cache on every node.
+  an interrupted preparation removes that folder and stops its workers (litdata's own Ctrl-C handler, which exits
+  with status 0 and orphans a worker, is replaced meanwhile); a killed one's folder is removed by the next. An
+  existing `data_dir` is reused only if its meta.json matches the source, tokenizer and seq_len; a folder without a
+  readable meta.json is refused, never re-tokenised over. Two preparations of one folder on one machine take turns
+  on a lock file: the second reuses the first's shards.
+- Everything checkable is checked in prepare_data/setup, before any training step, naming the field or file: the
+  tokenizer against the one the shards were made with (content fingerprint), each shard's size and checksum
+  (shards.py), a train split of at least one batch per device and worker.
+- The training documents are written in a fixed shuffled order (a pure function of the document list): litdata
+  shuffles chunks and the items inside each, so a short run reads one chunk's documents only, and in source order
+  those would be a few neighbouring files, or none of the recall documents appended after the text.
+- `recall` adds synthetic long-range recall documents (recall_documents.py) to the training split only, so
+  validation and test losses stay those of the source's text; meta.json records their tokens and share. An
+  associative-recall document's tokens other than its queried values are written marked context-only (int32
+  shards; loss_mask.py), so that training scores the values alone.
+- `data_dir` may be an s3:// folder (remote.py): prepared in a local cache by the same code, checked and uploaded
+  once for the cluster (global rank 0), streamed by litdata through that cache on every node.
 - Resume mid-epoch is Lightning's: it saves the StreamingDataLoader state in the checkpoint.
+- Validation and test read the split as one fixed list of batches, the same for any number of ranks: rank r of W
+  takes batches r, r + W, ... and every rank gets exactly ceil(n / W), the missing ones padding batches (a real
+  batch of weight 0: it runs the forward, which FSDP2 needs on every rank, and counts in no metric). So no rank
+  waits on another and the token-weighted losses equal a 1-process run's over the same batches. litdata's own split
+  deals whole chunks (uneven counts), and Lightning's DistributedSampler repeats real samples (counted twice).
+  `limit_val_batches` / `limit_test_batches` apply per rank: an integer L on W ranks evaluates the first L x W
+  batches of the list, as a 1-process run with limit L x W.
 - Bits per byte needs bytes per token; it is measured on the validation split when the shards are written and kept
   in meta.json (exactly 1 minus the end-of-text share for the byte tokenizer).
 """
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import math
 import multiprocessing
 import os
 import random
@@ -49,6 +53,7 @@ import re
 import shutil
 import signal
 import sys
+import tempfile
 import traceback
 import warnings
 from contextlib import contextmanager
@@ -57,15 +62,19 @@ from pathlib import Path
 
 import lightning as L
 import numpy as np
+import torch
+from filelock import FileLock
 from litdata import StreamingDataLoader, StreamingDataset, TokensLoader, optimize
 from litdata.processing.data_processor import DataProcessor
 from litdata.streaming.resolver import Dir
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from swax_lightning import atomic
+from swax_lightning import atomic, loss_mask
+from swax_lightning.config import ConfigError, InputError
 from swax_lightning.corpus import EMBEDDED, document_refs, read_documents, split_of
 from swax_lightning.inference import read_prompts
-from swax_lightning.recall_documents import RecallMix, training_document
+from swax_lightning.loss_mask import mark
+from swax_lightning.recall_documents import RecallMix, training_pieces
 from swax_lightning.remote import RemoteFolder, default_cache_dir, remote_url
 from swax_lightning.shards import check_checksums, check_sizes, checksums, read_index, split_blocks, split_tokens
 from swax_lightning.tokenizer import load_tokenizer
@@ -102,11 +111,13 @@ def tokenize_ref(position: int, refs: list[str], source: str, tokenizer: str, va
     recall tokens, and the ref if it is not UTF-8."""
     ref = refs[position]
     tok = _tokenizer(tokenizer)
-    dtype = np.uint16 if tok.vocab_size <= 1 << 16 else np.int32
+    mix = RecallMix(**recall) if recall else None
+    dtype = np.uint16 if tok.vocab_size <= 1 << 16 and not (mix and mix.has_context_only) else np.int32
     tokens = {split: [] for split in SPLITS}
     counts = {"val_bytes": 0, "val_tokens": 0, "recall_tokens": 0, "undecodable": None}
     if ref.startswith(RECALL_PREFIX):
-        ids = tok.encode(training_document(int(ref[len(RECALL_PREFIX):]), RecallMix(**recall))[0]) + [tok.eos_id]
+        pieces = training_pieces(int(ref[len(RECALL_PREFIX):]), mix)
+        ids = [t for piece, scored in pieces for t in mark(tok.encode(piece), scored)] + [tok.eos_id]
         tokens["train"].append(ids)
         counts["recall_tokens"] = len(ids)
     else:
@@ -142,6 +153,53 @@ def staged_tokens(position: int, staging: Path, split: str):
     tokens = np.load(staging / f"{position}.npz")[split]
     if tokens.size:
         yield tokens
+
+
+def within_vocabulary(tokens: torch.Tensor, vocab_size: int, where: Path) -> torch.Tensor:
+    """The batch itself, or an InputError naming the split when it holds an id no tokenizer of this size produces
+    (shards changed after preparation and not checked, data.verify_checksums false), instead of an IndexError deep in
+    the embedding. Context-only marks (loss_mask.py) are not ids: they are removed before the check."""
+    top = int(loss_mask.unmarked(tokens).max())
+    if top >= vocab_size:
+        raise InputError(f"{where} holds token id {top}, outside the tokenizer's {vocab_size} ids: its shards changed "
+                         f"after preparation (data.verify_checksums true names the file) or come from another "
+                         f"tokenizer")
+    return tokens
+
+
+def stack_within_vocabulary(items: list, vocab_size: int, where: Path) -> torch.Tensor:
+    """The training loader's collate: the blocks stacked into a batch, checked by within_vocabulary."""
+    return within_vocabulary(torch.stack([torch.as_tensor(item) for item in items]), vocab_size, where)
+
+
+class HeldOutBatches(Dataset):
+    """A held-out split as the fixed list of batches every run reads (module docstring): item j < n is batch j,
+    {"tokens": [rows, block] tensor, "weight": 1.0}; item j >= n is a padding batch, batch j mod n with weight 0.0."""
+
+    def __init__(self, blocks: StreamingDataset, n_blocks: int, batch_size: int, vocab_size: int, where: Path):
+        self.blocks, self.n_blocks, self.batch_size = blocks, n_blocks, batch_size
+        self.vocab_size, self.where = vocab_size, where
+        self.n_batches = math.ceil(n_blocks / batch_size)
+
+    def __len__(self) -> int:
+        return self.n_batches
+
+    def __getitem__(self, j: int) -> dict:
+        start = (j % self.n_batches) * self.batch_size
+        rows = [torch.as_tensor(self.blocks[i]) for i in range(start, min(start + self.batch_size, self.n_blocks))]
+        tokens = within_vocabulary(torch.stack(rows), self.vocab_size, self.where)
+        return {"tokens": tokens, "weight": 1.0 if j < self.n_batches else 0.0}
+
+
+class DealtSampler(DistributedSampler):
+    """Rank r of W takes batches r, r + W, ... up to ceil(n / W) of them, indices >= n standing for padding batches
+    (HeldOutBatches). A DistributedSampler, so that Lightning keeps it instead of injecting its own."""
+
+    def __init__(self, batches: HeldOutBatches, num_replicas: int, rank: int):
+        super().__init__(batches, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
+
+    def __iter__(self):
+        return iter(range(self.rank, self.total_size, self.num_replicas))
 
 
 class TextDataModule(L.LightningDataModule):
@@ -233,7 +291,7 @@ class TextDataModule(L.LightningDataModule):
 
     # ---- writing -------------------------------------------------------------------------------------------
     def prepare_data(self) -> None:
-        self._check_model_vocab()  # before any long work
+        self.tokenizer  # noqa: B018  (loaded here, before any long work: a bad file is named, not found in a worker)
         if self.remote:
             self._prepare_remote()
         else:
@@ -257,7 +315,14 @@ class TextDataModule(L.LightningDataModule):
         folder.upload(self.data_dir, sorted(meta["sha256"]))
 
     def _prepare_local(self) -> None:
-        if self.source is None or (self.data_dir / "meta.json").exists():
+        """Shards written unless there; one process at a time per folder (others wait, then reuse them)."""
+        if self.source is None:
+            return
+        with FileLock(preparation_lock(self.data_dir)):
+            self._prepare_unlocked()
+
+    def _prepare_unlocked(self) -> None:
+        if (self.data_dir / "meta.json").exists():
             return  # checked in setup(): reused if it matches, an error naming the mismatch otherwise
         if self.data_dir.exists() and any(self.data_dir.iterdir()):
             raise FileExistsError(f"{self.data_dir} holds files but no meta.json (deleted, or not written by this "
@@ -290,6 +355,7 @@ class TextDataModule(L.LightningDataModule):
                     | {"tokenizer_fingerprint": self.tokenizer.fingerprint, "sha256": checksums(tmp, SPLITS)})
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
             atomic.replace(tmp, self.data_dir)
+            print(preparation_summary(self.data_dir, meta, len(refs)), flush=True)
         except BaseException:  # KeyboardInterrupt included: no worker may outlive the preparation
             _stop(set(multiprocessing.active_children()) - workers_before)
             raise
@@ -339,7 +405,7 @@ class TextDataModule(L.LightningDataModule):
         split_counts = {f"{split}_tokens": split_tokens(out / split) for split in SPLITS}
         for split in SPLITS:
             if split_counts[f"{split}_tokens"] < self.seq_len + 1:
-                raise ValueError(f"the {split} split of {self.source} has {split_counts[f'{split}_tokens']} tokens, "
+                raise InputError(f"the {split} split of {self.source} has {split_counts[f'{split}_tokens']} tokens, "
                                  f"fewer than one block of seq_len + 1 = {self.seq_len + 1}: add text or change "
                                  f"val_fraction / test_fraction / seq_len")
         recall_tokens = sum(c["recall_tokens"] for c in counts)
@@ -350,7 +416,6 @@ class TextDataModule(L.LightningDataModule):
     # ---- reading -------------------------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
         if not self._verified:
-            self._check_model_vocab()
             if self.remote:
                 self._fetch_descriptions()
             self.meta = read_meta(self.data_dir)
@@ -367,11 +432,13 @@ class TextDataModule(L.LightningDataModule):
             self.datasets[split] = self.blocks(split, self.seq_len + 1, shuffle=(split == "train"))
 
     def blocks(self, split: str, block_size: int, shuffle: bool = False) -> StreamingDataset:
-        """The split as blocks of `block_size` tokens, streamed from the local folder or from the bucket."""
+        """The split as blocks of `block_size` tokens, streamed from the local folder or from the bucket. drop_last
+        only matters to litdata's iteration, which reads the training split; the held-out splits are read by index
+        (HeldOutBatches, perplexity.py), where it changes nothing but litdata's warning about it."""
         where = Dir(path=str(self.data_dir / split), url=f"{self.remote}/{split}") if self.remote else \
             str(self.data_dir / split)
         return StreamingDataset(where, item_loader=TokensLoader(block_size=block_size), shuffle=shuffle,
-                                drop_last=shuffle, seed=self.seed, storage_options=self.storage_options)
+                                drop_last=True, seed=self.seed, storage_options=self.storage_options)
 
     def _folder(self) -> RemoteFolder:
         return RemoteFolder(self.remote, self.storage_options)
@@ -402,27 +469,16 @@ class TextDataModule(L.LightningDataModule):
         wrong = {k: (meta.get(k), v) for k, v in self._expected_meta().items() if meta.get(k) != v}
         if wrong:
             where = self.remote or self.data_dir
-            raise ValueError(f"{where}/meta.json was written for other settings (field: (on disk, configured)): "
+            raise InputError(f"{where}/meta.json was written for other settings (field: (on disk, configured)): "
                              f"{wrong}; use another data_dir or delete {where}")
 
     def _check_tokenizer(self) -> None:
         made_with = self.meta.get("tokenizer_fingerprint")
         if made_with != self.tokenizer.fingerprint:
-            raise ValueError(f"the shards in {self.data_dir} were made with tokenizer {self.meta.get('tokenizer')!r} "
+            raise InputError(f"the shards in {self.data_dir} were made with tokenizer {self.meta.get('tokenizer')!r} "
                              f"({made_with}), but data.tokenizer is {self.tokenizer_spec!r} "
                              f"({self.tokenizer.fingerprint}): set data.tokenizer to the one the shards were made "
                              f"with, or prepare new shards in another data_dir")
-
-    def _check_model_vocab(self) -> None:
-        """The model's embedding must cover every id the tokenizer produces (checked when a Trainer runs us). Loads
-        the tokenizer here: a missing file is reported by name, not from inside a worker."""
-        tokenizer = self.tokenizer
-        arch = getattr(getattr(self.trainer, "lightning_module", None), "arch", None)
-        vocab_size = getattr(arch, "vocab_size", None)
-        if vocab_size is not None and vocab_size < tokenizer.vocab_size:
-            raise ValueError(f"model.arch.vocab_size = {vocab_size} is smaller than the {tokenizer.vocab_size} ids "
-                             f"of data.tokenizer {self.tokenizer_spec!r}: set model.arch.vocab_size >= "
-                             f"{tokenizer.vocab_size}")
 
     def _check_one_batch(self) -> None:
         """Refuses a train split smaller than one batch on every device and loader worker (else Lightning runs
@@ -431,30 +487,49 @@ class TextDataModule(L.LightningDataModule):
         needed = self.batch_size * devices * max(1, self.num_workers)
         blocks = split_blocks(self.data_dir / "train", self.seq_len + 1)
         if blocks < needed:
-            raise ValueError(f"the train split in {self.data_dir} holds {blocks} blocks of seq_len + 1 = "
+            raise InputError(f"the train split in {self.data_dir} holds {blocks} blocks of seq_len + 1 = "
                              f"{self.seq_len + 1} tokens, fewer than one batch: data.batch_size {self.batch_size} x "
                              f"{devices} device(s) x {max(1, self.num_workers)} worker(s) = {needed}; add text, or "
                              f"lower batch_size / seq_len / num_workers")
 
-    def _loader(self, split: str) -> StreamingDataLoader:
-        return StreamingDataLoader(self.datasets[split], batch_size=self.batch_size, num_workers=self.num_workers,
-                                   drop_last=(split == "train"))
-
     def train_dataloader(self):
-        return self._loader("train")
+        collate = functools.partial(stack_within_vocabulary, vocab_size=self.tokenizer.vocab_size,
+                                    where=self.data_dir / "train")
+        return StreamingDataLoader(self.datasets["train"], batch_size=self.batch_size, num_workers=self.num_workers,
+                                   drop_last=True, collate_fn=collate)
 
     def val_dataloader(self):
-        return self._loader("val")
+        return self._held_out_loader("val")
 
     def test_dataloader(self):
-        return self._loader("test")
+        return self._held_out_loader("test")
+
+    def _held_out_loader(self, split: str) -> DataLoader:
+        """This rank's share of the split's batches, padded to the same count on every rank (module docstring)."""
+        batches = HeldOutBatches(self.datasets[split], self.block_count(split, self.seq_len + 1), self.batch_size,
+                                 self.tokenizer.vocab_size, self.data_dir / split)
+        ranks = getattr(self.trainer, "distributed_sampler_kwargs", None) or {"num_replicas": 1, "rank": 0}
+        return DataLoader(batches, batch_size=None, sampler=DealtSampler(batches, **ranks),
+                          num_workers=self.num_workers)
+
+    def block_count(self, split: str, block_size: int) -> int:
+        """Blocks of `block_size` tokens in the whole split (litdata's len() is this rank's share)."""
+        return split_blocks(self.data_dir / split, block_size)
 
     def predict_dataloader(self):
         """Batches of prompt strings (data.prompts, then the lines of data.prompts_file)."""
         prompts = read_prompts(self.prompts, self.prompts_file)
         if not prompts:
-            raise ValueError("main.py predict needs --data.prompts '[...]' or --data.prompts_file FILE")
+            raise ConfigError("main.py predict needs --data.prompts '[...]' or --data.prompts_file FILE")
         return DataLoader(prompts, batch_size=self.batch_size, collate_fn=list)
+
+
+def preparation_summary(data_dir: Path, meta: dict, n_inputs: int) -> str:
+    """The line printed when shards are written: where, and how many tokens each split holds."""
+    recall_tokens = meta["recall_train_tokens"]
+    recall = f" (of which {recall_tokens:,} recall-document tokens)" if recall_tokens else ""
+    return (f"prepared {data_dir} from {n_inputs:,} inputs: train {meta['train_tokens']:,} tokens{recall}, "
+            f"validation {meta['val_tokens']:,}, test {meta['test_tokens']:,}")
 
 
 def read_meta(data_dir: Path) -> dict:
@@ -466,11 +541,19 @@ def read_meta(data_dir: Path) -> dict:
     try:
         meta = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path} is corrupt ({err}): delete {data_dir} to prepare the shards again") from err
+        raise InputError(f"{path} is corrupt ({err}): delete {data_dir} to prepare the shards again") from err
     if not isinstance(meta, dict) or "sha256" not in meta:
-        raise ValueError(f"{path} is not a shard description written by this version (no 'sha256' checksums): "
+        raise InputError(f"{path} is not a shard description written by this version (no 'sha256' checksums): "
                          f"delete {data_dir} to prepare the shards again")
     return meta
+
+
+def preparation_lock(data_dir: Path) -> Path:
+    """The lock file that preparations of `data_dir` on this machine take turns on: in the temporary folder, named by
+    the folder's absolute path, so nothing is left beside the data."""
+    folder = Path(tempfile.gettempdir()) / "swax-lightning-locks"
+    folder.mkdir(exist_ok=True)
+    return folder / (hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:32] + ".lock")
 
 
 def _remove_stale_temporaries(data_dir: Path) -> None:

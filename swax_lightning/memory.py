@@ -13,7 +13,9 @@ Decisions:
   excluded). The GPU kernels' saved sets stand in for the PyTorch paths there: attention saves q, k, v, the output
   and a fp32 log-sum-exp per query (flash-attn, FlexAttention and the own Triton kernel alike, any window); the
   Triton mLSTM saves q, k, v, its fp32 gate rows and the fp32 state entering every chunk (unless
-  `mlstm_recompute_states` is on). Under bf16-mixed the activations are bf16 where the model computes in bf16.
+  `mlstm_recompute_states` is on); fla's gated delta rule saves q, k, v, its fp32 gates and intra-chunk matrix. The
+  stand-ins enter through the kernel dispatch's own hook (`kernels.substituted`), not by patching the layers.
+  Under bf16-mixed the activations are bf16 where the model computes in bf16.
 - With activation checkpointing each block keeps only its input, and one block at a time is recomputed in the
   backward: outside-block activations + n_layers x block input + the largest block's activations.
 - `measured=True` (device cpu) traces the real CPU kernels instead, for the test that checks the count against the
@@ -27,11 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import yaml
 
-from swax_lightning import attention as attention_module
-from swax_lightning import mlstm as mlstm_module
-from swax_lightning.config import ModelConfig, read_config_file
+from swax_lightning import kernels
+from swax_lightning.cli import read_run_config
+from swax_lightning.config import ModelConfig
 from swax_lightning.model import SWAXModel
 
 GIB = 2**30
@@ -75,23 +76,39 @@ class _TritonLikeMLSTM(torch.autograd.Function):
             torch.empty_like(f_pre), None, None
 
 
-def _gpu_attention(q, k, v, window, n_sink, scale=None, kernel="auto"):
+class _FlaLikeDeltaNet(torch.autograd.Function):
+    """What fla's chunk_gated_delta_rule keeps: q, k, v, the fp32 gates (beta, cumulative g) and its fp32 intra-chunk
+    matrix A [B, T, H, 64]; it recomputes the chunk states in its backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, beta, g):
+        B, T, H, _ = q.shape
+        f32 = dict(dtype=torch.float32, device=q.device)
+        ctx.save_for_backward(q, k, v, beta.float(), g.float(), torch.empty(B, T, H, 64, **f32))
+        return torch.empty_like(v)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, beta, g, _ = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta), \
+            torch.empty_like(g)
+
+
+def _gpu_attention(q, k, v, window, n_sink, scale):
     return _FlashLikeAttention.apply(q, k, v)
 
 
-def _gpu_mlstm(q, k, v, i_pre, f_pre, initial_state=None, chunk_size=64, kernel="auto", recompute_states=False):
+def _gpu_mlstm(q, k, v, i_pre, f_pre, initial_state, chunk_size, recompute_states):
     return _TritonLikeMLSTM.apply(q, k, v, i_pre, f_pre, chunk_size, recompute_states), None
 
 
-@contextlib.contextmanager
+def _gpu_deltanet(q, k, v, beta, g, initial_state, chunk_size):
+    return _FlaLikeDeltaNet.apply(q, k, v, beta, g), None
+
+
 def _gpu_kernels():
-    """Swap the layers' kernel entry points for the GPU kernels' saved-tensor stand-ins."""
-    saved = attention_module.sliding_window_attention, mlstm_module.mlstm_chunkwise
-    attention_module.sliding_window_attention, mlstm_module.mlstm_chunkwise = _gpu_attention, _gpu_mlstm
-    try:
-        yield
-    finally:
-        attention_module.sliding_window_attention, mlstm_module.mlstm_chunkwise = saved
+    """The layers' kernels replaced, through the dispatch's own hook, by the GPU kernels' saved-tensor stand-ins."""
+    return kernels.substituted(attention=_gpu_attention, mlstm=_gpu_mlstm, deltanet=_gpu_deltanet)
 
 
 def _storage_key(t: torch.Tensor):
@@ -167,29 +184,6 @@ def estimate(cfg: ModelConfig, batch: int, seq_len: int, shards: int = 1, window
                     activations_gib=(outside + sum(per_block)) / GIB, activations_checkpointed_gib=checkpointed / GIB)
 
 
-def _load_run(path: Path) -> tuple[dict, dict, dict]:
-    """(model section, data section, trainer section) of a run config, following `extends:` and section files."""
-    sections = _sections(path)
-    return sections.get("model", {}), sections.get("data", {}), sections.get("trainer", {})
-
-
-def _sections(path: Path) -> dict:
-    """The config's settings with its `extends:` base underneath (nested mappings merged, as the CLI applies them);
-    files are read by the CLI's own reader."""
-    base, run = read_config_file(path)
-    for key, value in run.items():
-        if isinstance(value, str) and value.endswith((".yaml", ".yml")):  # a section file (made absolute)
-            run[key] = yaml.safe_load(Path(value).read_text()) or {}
-    return _merged(_sections(base) if base else {}, run)
-
-
-def _merged(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for key, value in over.items():
-        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, type=Path)
@@ -198,7 +192,8 @@ def main() -> None:
     parser.add_argument("--window", type=int, help="training window (default: the config's; the memory of a GPU "
                                                    "attention kernel does not depend on it)")
     args = parser.parse_args()
-    model, data, trainer = _load_run(args.config)
+    run = read_run_config(args.config)
+    model, data, trainer = run["model"], run["data"], run["trainer"]
     cfg = ModelConfig(**model["arch"])
     shards = int(trainer.get("num_nodes", 1)) * int(trainer.get("devices", 1))
     batch, seq_len = args.batch or data.get("batch_size", 1), args.seq_len or data.get("seq_len", 2048)

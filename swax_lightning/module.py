@@ -3,9 +3,11 @@
 Decisions:
 - The model is built in configure_model() from a ModelConfig (a YAML section), so that a sharded run can build it on
   the meta device and shard it (parallel.py); hyperparameters are saved in every checkpoint.
-- Loss is mean next-token cross-entropy in fp32. Validation and test accumulate a token-weighted mean with
-  torchmetrics (correct under DDP) and report loss, perplexity and bits per byte (the loss divided by ln 2 and by the
-  bytes per token the data module measured on the held-out text).
+- Loss is mean next-token cross-entropy in fp32 over the scored targets: the context-only tokens of associative
+  recall documents are read, not scored (loss_mask.py). Validation and test accumulate a token-weighted mean with
+  torchmetrics (summed over the ranks) and report loss, perplexity and bits per byte (the loss divided by ln 2 and by
+  the bytes per token the data module measured on the held-out text). Their batches carry a weight (data.py): a
+  padding batch, which only keeps the ranks' batch counts equal, runs the forward and adds nothing to the mean.
 - AdamW with linear warmup then cosine decay to min_lr_ratio * lr at max_steps; decay only on matrices (>= 2-D),
   not on norms, biases or gate biases. Gradient clipping is the Trainer's `gradient_clip_val`.
 - Throughput (tokens/s) comes from Lightning's ThroughputMonitor (see throughput.py), not from this module.
@@ -26,8 +28,10 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torchmetrics.aggregation import MeanMetric
 
-from swax_lightning.config import ConfigError, ModelConfig
+from swax_lightning.config import ConfigError, ModelConfig, require
 from swax_lightning.inference import continue_texts, show_continuation
+from swax_lightning.kernels.ce.chunked import IGNORE_INDEX
+from swax_lightning.loss_mask import inputs_and_targets
 from swax_lightning.model import SWAXModel
 from swax_lightning.parallel import build_local, build_sharded, fsdp_mesh, mixed_precision_policy
 
@@ -54,9 +58,9 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)
-        _require(self.lr > 0, "OptimConfig.lr", "must be > 0", self.lr)
-        _require(0 <= self.min_lr_ratio <= 1, "OptimConfig.min_lr_ratio", "must be in [0, 1]", self.min_lr_ratio)
-        _require(self.warmup_steps >= 0, "OptimConfig.warmup_steps", "must be >= 0", self.warmup_steps)
+        require(self.lr > 0, "OptimConfig.lr", "must be > 0", self.lr)
+        require(0 <= self.min_lr_ratio <= 1, "OptimConfig.min_lr_ratio", "must be in [0, 1]", self.min_lr_ratio)
+        require(self.warmup_steps >= 0, "OptimConfig.warmup_steps", "must be >= 0", self.warmup_steps)
 
     def lr_factor(self, step: int, total_steps: int) -> float:
         """Multiplier of lr at an optimizer step: warmup, then cosine from 1 to min_lr_ratio."""
@@ -87,16 +91,11 @@ class GenerationConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _require(self.max_new_tokens >= 0, "GenerationConfig.max_new_tokens", "must be >= 0", self.max_new_tokens)
-        _require(self.temperature >= 0, "GenerationConfig.temperature", "must be >= 0 (0 = greedy)", self.temperature)
-        _require(self.top_k >= 0, "GenerationConfig.top_k", "must be >= 0 (0 = all)", self.top_k)
-        _require(0 < self.top_p <= 1, "GenerationConfig.top_p", "must be in (0, 1]", self.top_p)
-        _require(self.chunk_len >= 1, "GenerationConfig.chunk_len", "must be >= 1", self.chunk_len)
-
-
-def _require(ok: bool, field_name: str, rule: str, value) -> None:
-    if not ok:
-        raise ConfigError(f"{field_name} {rule} (got {value!r})")
+        require(self.max_new_tokens >= 0, "GenerationConfig.max_new_tokens", "must be >= 0", self.max_new_tokens)
+        require(self.temperature >= 0, "GenerationConfig.temperature", "must be >= 0 (0 = greedy)", self.temperature)
+        require(self.top_k >= 0, "GenerationConfig.top_k", "must be >= 0 (0 = all)", self.top_k)
+        require(0 < self.top_p <= 1, "GenerationConfig.top_p", "must be in (0, 1]", self.top_p)
+        require(self.chunk_len >= 1, "GenerationConfig.chunk_len", "must be >= 1", self.chunk_len)
 
 
 def _as_config(value, config_class):
@@ -177,25 +176,29 @@ class LanguageModule(L.LightningModule):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)
 
-    def loss(self, batch: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """Mean next-token cross-entropy of a [B, T+1] block batch, and the number of predicted tokens."""
-        batch = batch.long()
-        inputs, targets = batch[:, :-1], batch[:, 1:]
+    def loss(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean next-token cross-entropy of a [B, T+1] block batch over its scored targets (context-only tokens of
+        recall documents are read, not scored: loss_mask.py), and their number."""
+        inputs, targets = inputs_and_targets(batch)
+        scored = (targets != IGNORE_INDEX).sum()
         loss = self.model(inputs, targets=targets)  # chunked soft-capped cross-entropy: no [B, T, vocab] logits
-        return loss, targets.numel()
+        return torch.where(scored > 0, loss, 0.0), scored  # a batch of context only (NaN mean) adds nothing
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         loss, _ = self.loss(batch)
         self.log("train/loss", loss, prog_bar=True)
         return loss
 
-    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
-        loss, n = self.loss(batch)
-        self.val_loss.update(loss, weight=n)
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self._evaluate(batch, self.val_loss)
 
-    def test_step(self, batch: torch.Tensor, batch_idx: int) -> None:
-        loss, n = self.loss(batch)
-        self.test_loss.update(loss, weight=n)
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self._evaluate(batch, self.test_loss)
+
+    def _evaluate(self, batch: dict, metric: MeanMetric) -> None:
+        """A held-out batch ({"tokens", "weight"}, data.HeldOutBatches) into the token-weighted mean."""
+        loss, n = self.loss(batch["tokens"])
+        metric.update(loss, weight=n * batch["weight"])
 
     def predict_step(self, batch: list[str], batch_idx: int) -> list[dict]:
         """Continue each prompt of the batch (streaming inference) and print it; returns prompt/continuation pairs."""

@@ -11,18 +11,22 @@ Decisions:
   here as well as by the Trainer's clipping: one extra read of the gradients, small beside the step, and it keeps the
   guard independent of whether clipping is on.
 - `action: stop` (default) raises an error naming the step, the loss and the norm before the weights change, so the
-  weights and every checkpoint stay finite. `action: skip` drops the step's gradients (AdamW leaves parameters without a
-  gradient untouched: no update, no weight decay), logs train/skipped_steps, and stops after `max_skips` skipped steps
-  in a row.
+  weights and every checkpoint stay finite; it names the checkpoint that holds the last finite state (the newest this
+  run wrote or resumed from), or says that there is none yet. `action: skip` drops the step's gradients (AdamW leaves
+  parameters without a gradient untouched: no update, no weight decay), logs train/skipped_steps, and stops after
+  `max_skips` skipped steps in a row.
 - LatestCheckpoint (checkpoints.py) also refuses to write non-finite weights, whatever their cause.
 """
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Literal
 
 import torch
 from lightning.pytorch.callbacks import Callback
+
+from swax_lightning.checkpoints import LatestCheckpoint
 
 
 class NonFiniteError(RuntimeError):
@@ -63,8 +67,8 @@ class NumericsGuard(Callback):
                 f"gradient norm {float(norm)})")
         self.skipped_in_a_row += 1
         if self.action == "stop" or self.skipped_in_a_row > self.max_skips:
-            raise NonFiniteError(f"{what}: training stopped before the weights changed; the checkpoints hold the last "
-                                 "finite state (NumericsGuard; action: skip drops such steps instead)")
+            raise NonFiniteError(f"{what}: training stopped before the weights changed; {_finite_state(trainer)} "
+                                 "(NumericsGuard; action: skip drops such steps instead)")
         warnings.warn(f"{what}: step skipped", stacklevel=2)
         self.skipped += 1
         for p in pl_module.parameters():
@@ -76,6 +80,19 @@ class NumericsGuard(Callback):
 
     def load_state_dict(self, state: dict) -> None:
         self.skipped, self.skipped_in_a_row = state["skipped"], state["skipped_in_a_row"]
+
+
+def _finite_state(trainer) -> str:
+    """Where the last finite state is: the newest checkpoint this run wrote (LatestCheckpoint's last.ckpt, or a
+    ModelCheckpoint's file: both are written only while the guard lets training go on) or resumed from."""
+    written = [cb.written for cb in trainer.callbacks if isinstance(cb, LatestCheckpoint)]
+    written += [getattr(cb, name, "") for cb in trainer.checkpoint_callbacks
+                for name in ("last_model_path", "best_model_path")]
+    written.append(trainer.ckpt_path)
+    found = [Path(path) for path in written if path and Path(path).exists()]
+    if not found:
+        return "no checkpoint of this run was written before it, so none holds its weights"
+    return f"the last finite state is in {max(found, key=lambda path: path.stat().st_mtime)}"
 
 
 def _global_norm(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:

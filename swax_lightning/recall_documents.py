@@ -1,7 +1,10 @@
 """Synthetic long-range recall: training documents that give a small model's memory something to do, and the
 held-out samples that measure it.
 
-A training document is a stream of facts and questions in RULER's needle wording:
+Two kinds (RecallMix.kind): `facts`, below, and `mqar`, multi-query associative recall episodes (swax_lightning/mqar.py:
+pairs of short keys and one-letter values, a gap of filler, then every key asked again).
+
+A `facts` training document is a stream of facts and questions in RULER's needle wording:
 
     One of the special magic numbers for kavolu is: 4819273.
     What is the special magic number for kavolu? The special magic number for kavolu is: 4819273.
@@ -10,10 +13,9 @@ A question repeats a fact stated `distance` characters before (measured from the
 predictable only by remembering. Distances follow a documented mixture: with probability 1 - far_share uniform in
 [min_distance, near_limit) (most recalls are short, as in natural text), else uniform in [near_limit, max_distance]
 (beyond the long window). Distances run from the fact's start (its last mention) to the question's start, and the
-question names the mention nearest that point. Statements are 57-95 characters, so distances under about 60 mostly
-name the statement just before the question (79% of questions at the window study's 8-63): the position, not the
-key, then says which fact is asked. A `min_distance` above a statement's length (100) mostly removes that shortcut
-(13% one statement back, 46% two, the rest further).
+question names the mention nearest that point. Statements are 57-95 characters, so a distance under one statement
+mostly names the statement just before the question, and the position rather than the key says which fact is asked:
+a `min_distance` above a statement's length (100) removes most of that shortcut.
 With the byte tokenizer characters are tokens.
 
 Held-out samples (`eval_sample`) share nothing with training but the wording: keys are adjective-noun words (RULER's
@@ -28,34 +30,53 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from swax_lightning import mqar
+
 FACT = "One of the special magic numbers for {key} is: {value}.\n"
 QUESTION = "What is the special magic number for {key}? The special magic number for {key} is: "
 SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
 
 
+KINDS = ("facts", "mqar")
+
+
 @dataclass(frozen=True)
 class RecallMix:
-    """How many training recall documents there are, and how they place their questions.
+    """How many training recall documents there are, of which kind, and how they place their recalls.
 
     Args:
         documents: Recall documents added to the training split (TextDataModule's `recall`).
-        min_distance: Shortest fact-to-question distance (characters).
-        near_limit: Near recalls are drawn below this distance (set it to the long window).
-        max_distance: Longest distance (set it below the training length, so fact and question share a block).
-        far_share: Share of questions drawn in [near_limit, max_distance].
-        question_share: Share of statements that are questions (the rest state new facts).
+        kind: facts (RULER-worded facts and questions) or mqar (associative recall episodes, swax_lightning/mqar.py).
+        min_distance: facts: shortest fact-to-question distance (characters).
+        near_limit: facts: near recalls are drawn below this distance (set it to the long window).
+        max_distance: facts: longest distance (set it below the training length, so fact and question share a block).
+        far_share: facts: share of questions drawn in [near_limit, max_distance].
+        question_share: facts: share of statements that are questions (the rest state new facts).
+        pairs: mqar: key-value pairs per episode.
+        key_length: mqar: letters per key (from 2 on, only the whole key names its value).
+        max_gap: mqar: training gaps (filler characters between the pairs and their queries) are uniform in
+            [0, max_gap]; every training pair then lies within mqar.max_reach(pairs, key_length, max_gap) tokens of
+            its query (byte tokenizer): keep that inside the long window.
         doc_chars: Characters per document.
     """
 
     documents: int = 0
+    kind: str = "facts"
     min_distance: int = 8
     near_limit: int = 128
     max_distance: int = 900
     far_share: float = 0.25
     question_share: float = 0.4
+    pairs: int = 8
+    key_length: int = 1
+    max_gap: int = 16
     doc_chars: int = 8192
 
     def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"RecallMix.kind must be one of {', '.join(KINDS)} (got {self.kind!r})")
+        if self.kind == "mqar":
+            mqar.check_shape(self.pairs, self.key_length, self.max_gap, "RecallMix")
         if not 0 < self.min_distance < self.near_limit <= self.max_distance:
             raise ValueError(f"RecallMix: need 0 < min_distance ({self.min_distance}) < near_limit "
                              f"({self.near_limit}) <= max_distance ({self.max_distance})")
@@ -64,6 +85,12 @@ class RecallMix:
         for name in ("far_share", "question_share"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"RecallMix.{name} must be in [0, 1] (got {getattr(self, name)})")
+
+    @property
+    def has_context_only(self) -> bool:
+        """Whether its documents hold context-only tokens (loss_mask.py): an MQAR document is scored on its queried
+        values alone."""
+        return self.kind == "mqar"
 
     def distance(self, rng: random.Random) -> int:
         if rng.random() < self.far_share:
@@ -79,8 +106,18 @@ def number(rng: random.Random) -> str:
     return str(rng.randint(1_000_000, 9_999_999))
 
 
+def training_pieces(index: int, mix: RecallMix, seed: int = 0) -> list[tuple[str, bool]]:
+    """Document `index` as (text, scored) pieces: a facts document is one scored piece; an MQAR document is scored on
+    its queried values only (each a piece of its own, so that its tokens are exact whatever the tokenizer)."""
+    if mix.kind == "mqar":
+        return mqar.training_pieces(index, mix.pairs, mix.key_length, mix.max_gap, mix.doc_chars, seed)
+    return [(training_document(index, mix, seed)[0], True)]
+
+
 def training_document(index: int, mix: RecallMix, seed: int = 0) -> tuple[str, list[int]]:
-    """(text, the distance of every question in it) of document `index`."""
+    """(text, the distance of every question in it) of document `index`; for kind mqar, the reach of every query."""
+    if mix.kind == "mqar":
+        return mqar.training_document(index, mix.pairs, mix.key_length, mix.max_gap, mix.doc_chars, seed)
     rng = random.Random(f"recall-train-{seed}-{index}")
     parts, length, last_mention, values, distances = [], 0, [], {}, []
     while length < mix.doc_chars:

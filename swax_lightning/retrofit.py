@@ -55,7 +55,7 @@ import torch.nn as nn
 
 from swax_lightning import atomic
 from swax_lightning.attention import Attention
-from swax_lightning.config import ConfigError, ModelConfig
+from swax_lightning.config import ConfigError, ModelConfig, require
 from swax_lightning.lora import add_lora, merge_lora
 from swax_lightning.model import SWAXModel
 
@@ -85,10 +85,10 @@ class TransferConfig:
     save_every: int = 16
 
     def __post_init__(self) -> None:
-        _require(self.tokens >= 1, "transfer.tokens", "must be >= 1", self.tokens)
-        _require(self.lr > 0, "transfer.lr", "must be > 0", self.lr)
-        _require(self.train in TRAIN_CHOICES, "transfer.train", f"must be one of {TRAIN_CHOICES}", self.train)
-        _require(self.save_every >= 1, "transfer.save_every", "must be >= 1", self.save_every)
+        require(self.tokens >= 1, "transfer.tokens", "must be >= 1", self.tokens)
+        require(self.lr > 0, "transfer.lr", "must be > 0", self.lr)
+        require(self.train in TRAIN_CHOICES, "transfer.train", f"must be one of {TRAIN_CHOICES}", self.train)
+        require(self.save_every >= 1, "transfer.save_every", "must be >= 1", self.save_every)
 
 
 @dataclass
@@ -110,15 +110,10 @@ class LoRAConfig:
     save_every: int = 16
 
     def __post_init__(self) -> None:
-        _require(self.tokens >= 0, "lora.tokens", "must be >= 0", self.tokens)
-        _require(self.rank >= 1, "lora.rank", "must be >= 1", self.rank)
-        _require(self.lr > 0, "lora.lr", "must be > 0", self.lr)
-        _require(self.save_every >= 1, "lora.save_every", "must be >= 1", self.save_every)
-
-
-def _require(ok: bool, name: str, rule: str, value) -> None:
-    if not ok:
-        raise ConfigError(f"{name} {rule} (got {value!r})")
+        require(self.tokens >= 0, "lora.tokens", "must be >= 0", self.tokens)
+        require(self.rank >= 1, "lora.rank", "must be >= 1", self.rank)
+        require(self.lr > 0, "lora.lr", "must be > 0", self.lr)
+        require(self.save_every >= 1, "lora.save_every", "must be >= 1", self.save_every)
 
 
 # ---- the converted model ---------------------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ import yaml
 
 from swax_lightning import atomic, retrofit
 from swax_lightning.checkpoints import LAST, load_model, model_checkpoint, read_checkpoint
-from swax_lightning.config import ConfigError, read_config_file, usage_errors_reported
+from swax_lightning.config import ConfigError, ModelConfig, read_config_file, require, usage_errors_reported
 from swax_lightning.evals import choice
 from swax_lightning.evals.reports import flat_metrics, write_reports
 from swax_lightning.evals.suite import EvalSuite
@@ -54,6 +54,7 @@ from swax_lightning.hf_import import import_pretrained, run_config
 from swax_lightning.runs import checkpoint_identity
 
 DONE = "variant.json"  # written last in a variant's folder: the variant is finished
+PRECISIONS = ("bf16", "fp32")
 SUITE_FIXED = ("window", "n_sink", "convert_full_attention", "window_includes_sinks", "lm_eval_tasks",
                "lm_eval_include_path", "output_dir")  # set per variant, not in evaluate.suite
 
@@ -87,13 +88,13 @@ class EvaluationConfig:
     suite: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        retrofit._require(bool(self.windows) and all(isinstance(w, int) and w >= 1 for w in self.windows),
-                          "evaluate.windows", "must be whole numbers >= 1", self.windows)
-        retrofit._require(all(isinstance(s, int) and s >= 0 for s in self.sinks), "evaluate.sinks",
-                          "must be whole numbers >= 0", self.sinks)
-        retrofit._require(self.choice_items >= 0, "evaluate.choice_items", "must be >= 0", self.choice_items)
+        require(bool(self.windows) and all(isinstance(w, int) and w >= 1 for w in self.windows),
+                "evaluate.windows", "must be whole numbers >= 1", self.windows)
+        require(all(isinstance(s, int) and s >= 0 for s in self.sinks), "evaluate.sinks",
+                "must be whole numbers >= 0", self.sinks)
+        require(self.choice_items >= 0, "evaluate.choice_items", "must be >= 0", self.choice_items)
         fixed = sorted(set(self.suite) & set(SUITE_FIXED))
-        retrofit._require(not fixed, "evaluate.suite", f"must not set {fixed} (set per variant)", self.suite)
+        require(not fixed, "evaluate.suite", f"must not set {fixed} (set per variant)", self.suite)
         self.make_suite()  # the suite's own checks, now
 
     def make_suite(self, **per_variant) -> EvalSuite:
@@ -138,14 +139,13 @@ class ExperimentConfig:
     evaluate: EvaluationConfig = field(default_factory=EvaluationConfig)
 
     def __post_init__(self) -> None:
-        retrofit._require(self.device in ("cpu", "cuda"), "device", "must be cpu or cuda", self.device)
-        retrofit._require(self.precision in ("bf16", "fp32"), "precision", "must be bf16 or fp32", self.precision)
-        retrofit._require(bool(self.students), "students", "must name at least one retrofit", self.students)
-        retrofit._require("tokenizer" not in self.data, "data.tokenizer", "is the model's own: leave it out",
-                          self.data.get("tokenizer"))
+        require(self.device in ("cpu", "cuda"), "device", "must be cpu or cuda", self.device)
+        require(self.precision in PRECISIONS, "precision", f"must be one of {PRECISIONS}", self.precision)
+        require(bool(self.students), "students", "must name at least one retrofit", self.students)
+        require("tokenizer" not in self.data, "data.tokenizer", "is the model's own: leave it out",
+                self.data.get("tokenizer"))
         for name in self.students:
-            retrofit._require(name.replace("_", "").isalnum(), "students", "names must be letters, digits or _",
-                              name)
+            require(name.replace("_", "").isalnum(), "students", "names must be letters, digits or _", name)
 
     @property
     def bf16(self) -> bool:
@@ -404,14 +404,9 @@ def evaluate_variant(cfg: ExperimentConfig, variant: Variant, ckpt: Path, data, 
     model, _ = load_model(ckpt, cfg.device)
     if cfg.bf16:
         model.to(torch.bfloat16)
-    swa = variant.window is not None
-    suite = cfg.evaluate.make_suite(
-        window=variant.window, n_sink=variant.n_sink, convert_full_attention=swa,
-        window_includes_sinks=cfg.evaluate.window_includes_sinks and swa, output_dir=str(folder),
-        lm_eval_tasks=list(choice.TASKS) if choice_dir else None,
-        lm_eval_include_path=str(choice_dir) if choice_dir else None)
+    suite = variant_suite(cfg, variant, choice_dir)
     generations: list[dict] = []
-    results = suite.evaluate(model, data, checkpoint_identity(ckpt, 0),
+    results = suite.evaluate(model, data, checkpoint_identity(ckpt),
                              on_generation=lambda ev, n, stats: generations.append({"eval": ev, "length": n, **stats}))
     write_reports(results, folder)
     decode = decode_summary(generations)
@@ -423,6 +418,29 @@ def evaluate_variant(cfg: ExperimentConfig, variant: Variant, ckpt: Path, data, 
                                         "seconds": retrofit.seconds_since(start), "decode": decode,
                                         "generations": generations})
     return f"evaluated in {retrofit.seconds_since(start):.0f} s"
+
+
+def variant_suite(cfg: ExperimentConfig, variant: Variant, choice_dir: Path | None) -> EvalSuite:
+    """The evaluation suite of one variant: the config's settings, the variant's window and sinks, the generated
+    multiple-choice tasks in choice_dir (None: none), the reports in the variant's folder."""
+    swa = variant.window is not None
+    return cfg.evaluate.make_suite(
+        window=variant.window, n_sink=variant.n_sink, convert_full_attention=swa,
+        window_includes_sinks=cfg.evaluate.window_includes_sinks and swa,
+        output_dir=str(cfg.folder / "variants" / variant.name),
+        lm_eval_tasks=list(choice.TASKS) if choice_dir else None,
+        lm_eval_include_path=str(choice_dir) if choice_dir else None)
+
+
+def check_variants(cfg: ExperimentConfig, teacher_ckpt: Path, data) -> None:
+    """Every variant's evaluation settings against the teacher and the tokenizer, before any long work: a window
+    beyond the model's positions, or a NIAH or BABILong length too short for its task, is one line naming the field."""
+    arch = ModelConfig(**read_checkpoint(teacher_ckpt)["hyper_parameters"]["arch"])
+    for variant in variants(cfg):
+        try:
+            variant_suite(cfg, variant, None).check_settings(arch, data)
+        except ValueError as err:  # ConfigError included: the suite names its field
+            raise ConfigError(f"evaluate ({variant.name}): {err}") from None
 
 
 def decode_summary(generations: list[dict]) -> dict:
@@ -463,6 +481,7 @@ def run(cfg: ExperimentConfig) -> str:
     data = data_module(cfg, tokenizer_file)
     if "data" not in clock.times:
         clock.record("data", start)
+    check_variants(cfg, teacher_ckpt, data)
     student_ckpts = train_students(cfg, teacher_ckpt, data, clock)
     choice_dir = None
     if cfg.evaluate.choice_items:

@@ -23,6 +23,7 @@ import shutil
 import uuid
 from pathlib import Path
 
+import torch
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from swax_lightning.config import ConfigError
@@ -86,11 +87,14 @@ def wandb_run_id(folder: Path, resuming: bool) -> str:
     return run_id
 
 
-def checkpoint_identity(ckpt_path: str | Path | None, step: int) -> dict | None:
-    """What an evaluation records of the checkpoint it evaluated: its path, optimizer step and content hash."""
+def checkpoint_identity(ckpt_path: str | Path | None) -> dict | None:
+    """What an evaluation records of the checkpoint it evaluated: its path, the optimizer step it holds (read from it:
+    a Trainer running `test` does not restore its global_step) and its content hash."""
     if ckpt_path is None or not Path(ckpt_path).exists():
         return None
-    return {"path": str(ckpt_path), "step": step, "sha256": content_hash(Path(ckpt_path))}
+    path = Path(ckpt_path)
+    saved = torch.load(path / "meta.pt" if path.is_dir() else path, map_location="cpu", mmap=True, weights_only=False)
+    return {"path": str(path), "step": saved.get("global_step"), "sha256": content_hash(path)}
 
 
 def content_hash(path: Path) -> str:

@@ -17,6 +17,8 @@ import hashlib
 import json
 from pathlib import Path
 
+from swax_lightning.config import InputError
+
 
 def read_index(split_dir: Path) -> dict:
     index = split_dir / "index.json"
@@ -25,7 +27,7 @@ def read_index(split_dir: Path) -> dict:
     try:
         return json.loads(index.read_text())
     except json.JSONDecodeError as err:
-        raise ValueError(f"shard index is corrupt: {index} ({err})") from err
+        raise InputError(f"shard index is corrupt: {index} ({err})") from err
 
 
 def split_tokens(split_dir: Path) -> int:
@@ -51,7 +53,7 @@ def check_listed_sizes(index: dict, found: dict[str, int], folder: str) -> None:
         if name not in found:
             raise FileNotFoundError(f"shard missing: {folder}/{name} (listed in {folder}/index.json)")
         if found[name] != expected:
-            raise ValueError(f"shard corrupt: {folder}/{name} has {found[name]} bytes, the index records {expected}")
+            raise InputError(f"shard corrupt: {folder}/{name} has {found[name]} bytes, the index records {expected}")
 
 
 def file_sha256(path: Path) -> str:
@@ -72,5 +74,5 @@ def check_checksums(root: Path, recorded: dict[str, str]) -> None:
         if not path.exists():
             raise FileNotFoundError(f"shard missing: {path} (recorded in {root / 'meta.json'})")
         if file_sha256(path) != digest:
-            raise ValueError(f"shard corrupt: {path} no longer has the content written at preparation (its sha256 "
+            raise InputError(f"shard corrupt: {path} no longer has the content written at preparation (its sha256 "
                              f"differs from {root / 'meta.json'}); delete {root} to prepare the shards again")

@@ -25,12 +25,18 @@ from swax_lightning.config import ModelConfig
 from swax_lightning.model import SWAXModel
 
 
+def _blocks(batch) -> torch.Tensor:
+    """The [B, T+1] token blocks of a training batch or of a held-out one ({"tokens", "weight"}, data.py)."""
+    return batch["tokens"] if isinstance(batch, dict) else batch
+
+
 def _sequences(batch) -> int:
-    return batch.shape[0]
+    return _blocks(batch).shape[0]
 
 
 def _tokens(batch) -> int:
-    return batch.shape[0] * (batch.shape[1] - 1)
+    blocks = _blocks(batch)
+    return blocks.shape[0] * (blocks.shape[1] - 1)
 
 
 def visible_pairs(T: int, window: int | None, n_sink: int) -> int:

@@ -56,9 +56,18 @@ def test_non_finite_loss_stops_with_the_step_named_and_keeps_the_last_finite_che
     with pytest.raises(NonFiniteError, match=r"non-finite loss or gradient at step (\d+)") as err:
         _fit(tmp_path, data_dir, max_steps=60, lr=1e3, every=1)
     bad_step = int(err.value.args[0].split("at step ")[1].split()[0])
+    assert f"the last finite state is in {tmp_path / 'ckpt' / LAST} " in err.value.args[0]
     saved = _last(tmp_path)
     assert 0 < saved["global_step"] <= bad_step
     assert all(torch.isfinite(v).all() for v in saved["state_dict"].values())
+
+
+def test_non_finite_loss_before_any_checkpoint_says_there_is_none(tmp_path, data_dir):
+    """NaN at step 1, before the first save (validation every 2 steps, no step-wise saves): no promise of one."""
+    with pytest.raises(NonFiniteError, match="at step 1") as err:
+        _fit(tmp_path, data_dir, max_steps=5, callbacks=[NaNLossAt(1)], every=0)
+    assert "no checkpoint of this run was written before it, so none holds its weights" in err.value.args[0]
+    assert not (tmp_path / "ckpt").exists()
 
 
 class PoisonWeights(Callback):

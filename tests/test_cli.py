@@ -71,6 +71,7 @@ def _assert_eval_reports(run):
     assert all(s["question"] and "prediction" in s and ("regenerate" in s) for s in results["samples"])
     assert [r["to"] for r in results["perplexity"]] == [64, 128, 256, 512]
     assert len(results["samples"]) == 2 * 2 * 2 + 2 * 2
+    assert results["settings"]["checkpoint"]["step"] == 6  # the evaluated checkpoint's own step
     assert "RULER NIAH" in (run / "eval/results.md").read_text()
     for name in ("", "_niah_single_1", "_niah_multikey_2"):  # all tasks pooled, and each task
         assert (run / f"eval/niah_heatmap{name}.png").stat().st_size > 1000
@@ -360,3 +361,35 @@ def test_version(tmp_path):
 
     run = _main("--version", cwd=tmp_path)
     assert run.returncode == 0 and f"swax-lightning {__version__}" in run.stdout, run.stderr
+
+
+def test_a_babilong_length_too_short_is_refused_before_niah_runs(tmp_path, tiny_checkpoint):
+    """BABILong lengths were checked only when BABILong ran, after NIAH's work; now both at start-up, one line."""
+    test = _main("test", *_overrides(tmp_path), "--ckpt_path", str(tiny_checkpoint), "--eval.niah_tasks",
+                 "[niah_single_1]", "--eval.niah_lengths", "[1024]", "--eval.niah_samples", "40",
+                 "--eval.babilong_tasks", "[qa3]", "--eval.babilong_lengths", "[600]", cwd=tmp_path)
+    assert test.returncode == 2 and "RULER NIAH" not in test.stderr + test.stdout, test.stderr[-2000:]
+    assert _one_error_line(test.stderr).startswith("error: EvalSuite.babilong_lengths: qa3: length 600 is too short")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("problem", ["vocabulary", "missing data folder", "corrupt meta.json", "tiny corpus"])
+def test_start_up_errors_after_parsing_are_one_line(tmp_path, problem):
+    """Errors found once the classes are built or the data is read were 37-47-line tracebacks with exit 1; each is
+    one `error:` line naming the field or file, exit 2, before any long work."""
+    args = {"vocabulary": ["--model.arch.vocab_size", "200"],
+            "missing data folder": ["--data.source", "null", "--data.data_dir", str(tmp_path / "nowhere")],
+            "corrupt meta.json": ["--data.data_dir", str(tmp_path / "bad")],
+            "tiny corpus": ["--data.source", str(tmp_path / "docs"), "--data.data_dir", str(tmp_path / "small")]}
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad/meta.json").write_text('{"seq_len": 3')
+    (tmp_path / "docs").mkdir()
+    for i in range(3):
+        (tmp_path / "docs" / f"{i}.txt").write_text(f"a short document {i}\n")
+    fit = _main("fit", *_overrides(tmp_path), *args[problem], "--trainer.max_steps", "1", cwd=tmp_path)
+    expected = {"vocabulary": "model.arch.vocab_size = 200 is smaller than the 257 ids of data.tokenizer 'byte'",
+                "missing data folder": "no shards in", "corrupt meta.json": "meta.json is corrupt",
+                "tiny corpus": "split of"}
+    assert fit.returncode == 2 and expected[problem] in _one_error_line(fit.stderr), fit.stderr[-2000:]
+    assert "Traceback" not in fit.stderr
+    assert not (tmp_path / "data").exists()  # nothing prepared for the vocabulary case

@@ -9,12 +9,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from litdata import StreamingDataset, TokensLoader
 
+from swax_lightning.config import InputError
 from swax_lightning.corpus import document_refs, read_documents, split_of
 from swax_lightning.data import TextDataModule, _running, shuffled
 from swax_lightning.tokenizer import ByteTokenizer
@@ -118,9 +120,55 @@ def test_splits_are_disjoint_by_document(source):
 
 def test_test_loader_reads_the_test_split_not_validation(prepared, source):
     """test/loss is held-out text: the test loader streams the test documents, none of the validation ones."""
-    streamed = [t for batch in prepared.test_dataloader() for block in batch.tolist() for t in block]
+    streamed = [t for batch in prepared.test_dataloader() for block in batch["tokens"].tolist() for t in block]
     assert streamed == _stream(source, "test")[:len(streamed)] and streamed
     assert streamed[:SEQ + 1] != _stream(source, "val")[:SEQ + 1]
+
+
+def _held_out_on(dm, ranks, rank, split="test"):
+    """The held-out loader rank `rank` of `ranks` gets (a Trainer's distributed_sampler_kwargs, without a Trainer)."""
+    dm.trainer = SimpleNamespace(distributed_sampler_kwargs={"num_replicas": ranks, "rank": rank})
+    loader = dm.test_dataloader() if split == "test" else dm.val_dataloader()
+    dm.trainer = None
+    return loader
+
+
+def test_three_ranks_on_ten_batches_evaluate_what_one_process_evaluates(prepared):
+    """The test split cut into 10 batches (the last one short) on 3 ranks: 4 batches each, batches 0..9 each exactly
+    once with weight 1 and 2 padding batches with weight 0; the token-weighted loss summed over the ranks (what the
+    metric sync computes) equals the 1-process one. One rank reads through 2 loader workers."""
+    from torchmetrics.aggregation import MeanMetric
+
+    from swax_lightning.module import LanguageModule
+
+    n_blocks = prepared.block_count("test", SEQ + 1)
+    batch_size = next(b for b in range(1, n_blocks) if -(-n_blocks // b) == 10 and n_blocks % b)
+    dm = _reuse(prepared, batch_size=batch_size)
+    dm.setup("test")
+    single = list(_held_out_on(dm, 1, 0))
+    assert len(single) == 10 and {b["weight"] for b in single} == {1.0} and len(single[-1]["tokens"]) < batch_size
+    module = LanguageModule(arch=dict(vocab_size=257, d_model=16, n_layers=2, n_heads=2, mlstm_heads=2, chunk_size=8,
+                                      window=8))
+    module.configure_model()
+    metrics, seen = [], []
+    for rank in range(3):
+        dm.num_workers = 2 if rank == 1 else 0
+        batches = list(_held_out_on(dm, 3, rank))
+        assert len(batches) == 4
+        seen += [(rank + 3 * k, b) for k, b in enumerate(batches) if b["weight"] == 1.0]
+        assert [b["weight"] for b in batches] == ([1.0] * 4 if rank == 0 else [1.0, 1.0, 1.0, 0.0])
+        metrics.append(MeanMetric())
+        with torch.no_grad():
+            for batch in batches:
+                module._evaluate(batch, metrics[-1])
+    assert sorted(j for j, _ in seen) == list(range(10))
+    assert all(torch.equal(b["tokens"], single[j]["tokens"]) for j, b in seen)
+    one_process = MeanMetric()
+    with torch.no_grad():
+        for batch in single:
+            module._evaluate(batch, one_process)
+    synced = sum(m.mean_value for m in metrics) / sum(m.weight for m in metrics)
+    torch.testing.assert_close(synced, one_process.compute(), rtol=1e-6, atol=0)
 
 
 def test_bytes_per_token_of_byte_tokenizer(prepared):
@@ -252,6 +300,25 @@ def test_shard_that_kept_its_size_but_not_its_content_is_named(prepared, tmp_pat
         _reuse(prepared, data_dir=str(copy)).setup("fit")
 
 
+def test_out_of_vocabulary_ids_without_checksums_are_named_not_an_index_error(prepared, tmp_path):
+    """With data.verify_checksums false a changed shard is read as it is: a batch holding an id the tokenizer cannot
+    produce is refused naming its split folder (it was a bare IndexError in the embedding)."""
+    copy = _copy(prepared, tmp_path)
+    for split in ("train", "val"):
+        chunk = sorted((copy / split).glob("chunk-*.bin"))[0]
+        data = np.frombuffer(chunk.read_bytes(), dtype=np.uint8).copy()
+        data[-2 * 4000:] = np.full(4000, 65535).astype(np.uint16).view(np.uint8)  # the chunk's last tokens
+        chunk.write_bytes(data.tobytes())
+    dm = _reuse(prepared, data_dir=str(copy), verify_checksums=False)
+    dm.setup("fit")
+    with pytest.raises(InputError, match=f"{copy / 'train'} holds token id 65535, outside the tokenizer's 257 ids"):
+        for _ in dm.train_dataloader():
+            pass
+    with pytest.raises(InputError, match=f"{copy / 'val'} holds token id 65535"):
+        for _ in dm.val_dataloader():
+            pass
+
+
 def test_deleted_meta_json_is_refused_before_any_tokenisation(prepared, tmp_path, monkeypatch):
     copy = _copy(prepared, tmp_path)
     (copy / "meta.json").unlink()
@@ -279,22 +346,6 @@ def test_train_split_smaller_than_one_batch_is_refused(prepared):
     """Lightning would run zero steps and exit 0 ("No training batches")."""
     with pytest.raises(ValueError, match="fewer than one batch"):
         _reuse(prepared, batch_size=10_000).setup("fit")
-
-
-def test_vocab_size_smaller_than_the_tokenizer_fails_before_preparation(source, tmp_path):
-    """Was a bare IndexError in the first training step, after the shards were written."""
-    import lightning as L
-
-    from swax_lightning.module import LanguageModule
-
-    dm = TextDataModule(source=str(source), data_dir=str(tmp_path / "d"), seq_len=SEQ, batch_size=2,
-                        val_fraction=0.2, test_fraction=0.2)
-    model = LanguageModule(arch={"vocab_size": 256, "d_model": 32, "n_layers": 2, "n_heads": 2, "mlstm_heads": 2})
-    trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
-    with pytest.raises(ValueError, match="model.arch.vocab_size = 256 .* 257 ids"):
-        trainer.fit(model, datamodule=dm)
-    assert not (tmp_path / "d").exists()
 
 
 def test_files_that_are_not_utf8_are_reported(source, tmp_path):
@@ -418,3 +469,12 @@ def test_temporary_folder_of_a_killed_preparation_is_removed(prepared, tmp_path)
     (stale / "train").mkdir(parents=True)
     _reuse(prepared, data_dir=str(tmp_path / "d")).prepare_data()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+
+
+def test_preparation_says_where_and_how_much(prepared, tmp_path, capsys):
+    again = _reuse(prepared, data_dir=str(tmp_path / "d"))
+    again.prepare_data()
+    meta = json.loads((tmp_path / "d/meta.json").read_text())
+    assert capsys.readouterr().out.strip().splitlines()[-1] == (
+        f"prepared {tmp_path / 'd'} from 42 inputs: train {meta['train_tokens']:,} tokens, validation "
+        f"{meta['val_tokens']:,}, test {meta['test_tokens']:,}")

@@ -1,25 +1,41 @@
-"""Sharded training is one model: K processes under FSDP2 compute what one process computes.
+"""Sharded training and evaluation are one model: K processes under FSDP2 compute what one process computes, and no
+rank ever waits forever.
 
-The oracle: K ranks with batch b per rank against one process trained in this test on exactly the global batches the
-ranks consumed (the K batches of a step concatenated in rank order): the same per-step loss (the mean of the ranks'
-losses) within 1e-5 in fp32, the same all-gathered parameters on every rank after every step, and final weights (from
-the consolidated distributed checkpoint) equal to the 1-process run's within 1e-5. Run for K = 2 through the README's
-rehearsal command (Lightning launches the processes; full sharding, as the paper configs) and for 2 "nodes" x 2
-devices with HSDP, through two torchrun launches on localhost. Then: a run killed with SIGKILL inside a
-validation resumes on all ranks from last.ckpt and continues exactly (the interrupted validation runs again);
-`main.py test` of the distributed checkpoint under 2-process FSDP2 scores what 1 process scores on its consolidated
-file; the consolidated file loads in generate and resumes a 1-process fit; a distributed checkpoint given to a
-1-process run is one clear error line.
+Training. The oracle: K ranks with batch b per rank against one process trained in this test on exactly the global
+batches the ranks consumed (the K batches of a step concatenated in rank order): the same per-step loss (the mean of
+the ranks' losses) within 1e-5 in fp32, the same all-gathered parameters on every rank after every step, and final
+weights (from the consolidated distributed checkpoint) equal to the 1-process run's within 1e-5. Run for K = 2
+through the rehearsal command of docs/scale-out.md (Lightning launches the processes; full sharding, as the paper
+configs) and for 2 "nodes" x 2 devices with HSDP, through two torchrun launches on localhost.
+
+Evaluation. Both runs use the config's own batch size (16) and validation limit (16 batches per rank), only the step
+count lowered: the validation split's 20 batches were dealt 9 and 11 to 2 ranks by litdata, which hung the first
+validation. Their validation loss at the last step equals that of a 1-process `main.py validate` of the same
+checkpoint with limit_val_batches = 16 x K (what the per-rank limit covers: here the whole split). `main.py test` of
+the 2-rank distributed checkpoint on 3 ranks, without a test limit (the test split's 56 batches: 19 per rank, one of
+them padding), scores the test loss and the suite of a 1-process run on its consolidated file.
+
+No hang. A rank that runs one forward more than the others at the end of a validation (what the uneven split did)
+ends every rank with one line naming it and the phase, once collective_timeout passes; SIGTERM to rank 0 of such a
+hung run ends every rank with one line. torchrun with fewer processes than devices is one line per rank.
+
+Then: a run killed with SIGKILL inside a validation resumes on all ranks from last.ckpt and continues exactly (the
+interrupted validation runs again); the consolidated file loads in generate and resumes a 1-process fit; a
+distributed checkpoint given to a 1-process run is one clear error line.
 """
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from torch.utils.data import DataLoader
 
 from swax_lightning.checkpoints import consolidate
@@ -27,10 +43,17 @@ from swax_lightning.data import TextDataModule
 from tests.train_probe import read_records
 
 ROOT = Path(__file__).resolve().parents[1]
-# The README's 2-process rehearsal of a cluster run (tests/test_distributed.py checks that the README prints it).
+CONFIG = str(ROOT / "configs/tiny_stochastic.yaml")
+# The 2-process rehearsal of a cluster run that docs/scale-out.md prints (checked below).
 REHEARSAL = (".venv/bin/python main.py fit --config configs/tiny_stochastic.yaml --trainer.devices 2 "
              "--trainer.strategy fsdp2")
-STEPS, PER_RANK_BATCH = 4, 2
+STEPS = 4
+# The config's own sizes, which the runs keep: batch 16 per rank, 16 validation batches per rank.
+BATCH = yaml.safe_load((ROOT / "configs/base/tiny_data.yaml").read_text())["batch_size"]
+VAL_LIMIT = yaml.safe_load((ROOT / "configs/base/tiny_trainer.yaml").read_text())["limit_val_batches"]
+# Sharded and 1-process mean losses differ by the order of the fp32 sums only (seen: 0, 1.0e-7 and 2.0e-7 relative).
+LOSS_RTOL = 1e-5
+RUN_TIMEOUT_S = 400  # a run still going after this hung: its process group is killed and the test fails
 pytestmark = pytest.mark.slow
 
 
@@ -41,17 +64,54 @@ def data_dir(tmp_path_factory):
     return path
 
 
+def _common(tmp, data_dir, record_dir):
+    """Data, run folder and the recording probe: everything else is the config's."""
+    return ["--data.data_dir", str(data_dir), "--trainer.logger.init_args.save_dir", str(tmp / "runs"),
+            "--trainer.enable_progress_bar", "false", "--trainer.callbacks+=tests.train_probe.RecordTraining",
+            f"--trainer.callbacks.out_dir={record_dir}"]
+
+
 def _args(tmp, data_dir, record_dir, *extra):
-    return ["--data.data_dir", str(data_dir), "--data.batch_size", str(PER_RANK_BATCH),
-            "--trainer.logger.init_args.save_dir", str(tmp / "runs"), "--trainer.enable_progress_bar", "false",
-            "--trainer.max_steps", str(STEPS), "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "2",
-            "--trainer.callbacks+=tests.train_probe.RecordTraining", f"--trainer.callbacks.out_dir={record_dir}",
-            *extra]
+    """The config's sizes, with only the step count lowered (and a validation every 2 steps, to see one mid-run)."""
+    return [*_common(tmp, data_dir, record_dir), "--trainer.max_steps", str(STEPS), "--trainer.val_check_interval",
+            "2", *extra]
 
 
-def _run(cmd, timeout=400):
+def _start(cmd, **popen):
+    """cmd in a process group of its own, so that every rank of a hung run can be killed."""
     env = os.environ | {"PYTHONPATH": str(ROOT)}
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, text=True, start_new_session=True, **popen)
+
+
+def _finish(*processes, timeout=RUN_TIMEOUT_S) -> list[tuple[str, str]]:
+    """(stdout, stderr) of each started run. Runs still going after `timeout` hung: all of them are stopped and the
+    test fails."""
+    deadline = time.monotonic() + timeout
+    try:
+        return [process.communicate(timeout=max(1.0, deadline - time.monotonic())) for process in processes]
+    except subprocess.TimeoutExpired:
+        for process in processes:
+            _stop(process)
+        pytest.fail(f"still running after {timeout} s (hung), stopped: {' '.join(map(str, processes[0].args[:6]))}")
+
+
+def _stop(process) -> None:
+    """SIGTERM to the run's process group (torchrun passes it on to its workers, which it starts in sessions of their
+    own, and kills them 30 s later), then SIGKILL."""
+    for signum, grace in ((signal.SIGTERM, 60), (signal.SIGKILL, None)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signum)
+        try:
+            process.communicate(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _run(cmd, timeout=RUN_TIMEOUT_S):
+    process = _start(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    [(out, err)] = _finish(process, timeout=timeout)
+    return subprocess.CompletedProcess(cmd, process.returncode, out, err)
 
 
 def _rehearsal(*args):
@@ -83,8 +143,7 @@ def _reference(tmp, data_dir, records, steps=STEPS):
     ranks = sorted(records)
     batches = [torch.tensor(sum((records[r]["steps"][s]["batch"] for r in ranks), [])) for s in range(steps)]
     cli = SwaxCLI(LanguageModule, TextDataModule, seed_everything_default=0, run=False, args=[
-        "--config", str(ROOT / "configs/tiny_stochastic.yaml"), *_args(tmp / "ref", data_dir, tmp / "ref/records"),
-        "--trainer.limit_val_batches", "0"])
+        "--config", CONFIG, *_args(tmp / "ref", data_dir, tmp / "ref/records"), "--trainer.limit_val_batches", "0"])
     cli.datamodule.train_dataloader = lambda: DataLoader(batches, batch_size=None)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     ref = read_records(tmp / "ref/records")[0]["steps"]
@@ -101,24 +160,56 @@ def _assert_one_model(records, ref_losses, ref_state, ckpt, steps=STEPS):
         assert len({rec["window"] for rec in per_rank}) == 1, f"ranks trained at different windows at step {s}"
         global_loss = sum(rec["loss"] for rec in per_rank) / len(ranks)
         assert abs(global_loss - ref_losses[s]) <= 1e-5, (s, global_loss, ref_losses[s])
-    full = consolidate(ckpt, ckpt.with_name("full.ckpt"))
-    state = torch.load(full, weights_only=False)["state_dict"]
+    state = torch.load(_consolidated(ckpt), weights_only=False)["state_dict"]
     assert set(state) == set(ref_state)
     for name, value in ref_state.items():
         torch.testing.assert_close(state[name], value, rtol=0, atol=1e-5, msg=name)
 
 
+def _consolidated(ckpt: Path) -> Path:
+    full = ckpt.with_name("full.ckpt")
+    return full if full.is_file() else consolidate(ckpt, full)
+
+
+def _one_process(subcommand, tmp, data_dir, ckpt, *extra) -> dict:
+    """`main.py <subcommand>` of a checkpoint file in 1 process (this one): the probe's records."""
+    from swax_lightning.cli import main
+
+    main([subcommand, "--config", CONFIG, *_common(tmp, data_dir, tmp / "records"), "--ckpt_path", str(ckpt), *extra])
+    return read_records(tmp / "records")[0]
+
+
+def _assert_same_loss(sharded: float, single: float) -> None:
+    assert abs(sharded - single) <= LOSS_RTOL * single, (sharded, single)
+
+
+def _assert_validates_as_one_process(tmp, data_dir, records, ckpt) -> None:
+    """The sharded run's validation at its last step (every rank logs the synced value) equals a 1-process validate of
+    its last checkpoint over the same batches: the per-rank limit on K ranks covers the first limit x K batches."""
+    last = {rank: records[rank]["validations"][-1] for rank in records}
+    assert len({(v["step"], v["loss"]) for v in last.values()}) == 1 and last[0]["step"] == STEPS, last
+    limit = VAL_LIMIT * len(records)
+    single = _one_process("validate", tmp, data_dir, _consolidated(ckpt), "--trainer.limit_val_batches", str(limit))
+    _assert_same_loss(last[0]["loss"], single["validations"][-1]["loss"])
+
+
 @pytest.fixture(scope="module")
 def two_rank_run(tmp_path_factory, data_dir):
-    """The README's rehearsal command, 8 steps with a validation every 2."""
+    """The rehearsal command with the config's sizes, 4 steps with a validation every 2."""
     tmp = tmp_path_factory.mktemp("k2")
     run = _run(_rehearsal(*_args(tmp, data_dir, tmp / "records")))
     assert run.returncode == 0, run.stderr[-3000:]
     return tmp
 
 
-def test_readme_prints_the_rehearsal_command():
-    assert REHEARSAL in (ROOT / "README.md").read_text()
+def test_the_scale_out_page_prints_the_rehearsal_command():
+    assert REHEARSAL in (ROOT / "docs/scale-out.md").read_text()
+
+
+def test_the_rehearsal_keeps_the_config_sizes(two_rank_run):
+    records = read_records(two_rank_run / "records")
+    assert {len(records[r]["steps"][s]["batch"]) for r in records for s in range(STEPS)} == {BATCH} == {16}
+    assert VAL_LIMIT == 16
 
 
 def test_two_ranks_train_what_one_process_trains(tmp_path, data_dir, two_rank_run):
@@ -128,28 +219,30 @@ def test_two_ranks_train_what_one_process_trains(tmp_path, data_dir, two_rank_ru
     _assert_one_model(records, ref_losses, ref_state, _ckpt(two_rank_run))
 
 
-def test_two_nodes_of_two_devices_train_one_model_under_hsdp(tmp_path, data_dir):
+def test_two_ranks_validate_what_one_process_validates(tmp_path, data_dir, two_rank_run):
+    _assert_validates_as_one_process(tmp_path, data_dir, read_records(two_rank_run / "records"), _ckpt(two_rank_run))
+
+
+def test_two_nodes_of_two_devices_train_and_validate_one_model_under_hsdp(tmp_path, data_dir):
     """HSDP (shard inside a node, replicate across nodes) only differs from full sharding with 2+ nodes of 2+ devices,
     so the multi-node launch is proven with it; full sharding (the paper configs') is the rehearsal's K = 2 run, and
-    its 4-rank and 64-rank meshes are checked in tests/test_fsdp2.py."""
+    its 4-rank and 64-rank meshes are checked in tests/test_fsdp2.py. 4 ranks share the 20 validation batches 5/5/5/5
+    (litdata: 4/4/4/8)."""
     port = _free_port()
-    args = ["fit", "--config", str(ROOT / "configs/tiny_stochastic.yaml"),
-            *_args(tmp_path, data_dir, tmp_path / "records"), "--trainer.num_nodes", "2", "--trainer.devices", "2",
-            "--trainer.strategy", "hsdp"]
-    env = os.environ | {"PYTHONPATH": str(ROOT)}
-    nodes = [subprocess.Popen(_torchrun(2, n, port, *args), cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for n in (0, 1)]
-    outputs = [node.communicate(timeout=400)[0] for node in nodes]
+    args = ["fit", "--config", CONFIG, *_args(tmp_path, data_dir, tmp_path / "records"), "--trainer.num_nodes", "2",
+            "--trainer.devices", "2", "--trainer.strategy", "hsdp"]
+    nodes = [_start(_torchrun(2, n, port, *args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for n in (0, 1)]
+    outputs = [out for out, _ in _finish(*nodes)]
     assert all(node.returncode == 0 for node in nodes), outputs[0][-3000:] + outputs[1][-3000:]
     records = read_records(tmp_path / "records")
     assert sorted(records) == [0, 1, 2, 3]
     ref_losses, ref_state = _reference(tmp_path, data_dir, records)
     _assert_one_model(records, ref_losses, ref_state, _ckpt(tmp_path))
+    _assert_validates_as_one_process(tmp_path / "single", data_dir, records, _ckpt(tmp_path))
 
 
 def test_kill_during_validation_then_resume_continues_exactly(tmp_path, data_dir, two_rank_run):
-    fit = ["fit", "--config", str(ROOT / "configs/tiny_stochastic.yaml"), "--trainer.devices", "2",
-           "--trainer.strategy", "fsdp2"]
+    fit = ["fit", "--config", CONFIG, "--trainer.devices", "2", "--trainer.strategy", "fsdp2"]
     killed = _run(_torchrun(1, 0, _free_port(), *fit, *_args(tmp_path, data_dir, tmp_path / "records"),
                             "--trainer.callbacks.kill_in_validation_at=4"))
     assert killed.returncode != 0
@@ -171,28 +264,35 @@ def test_kill_during_validation_then_resume_continues_exactly(tmp_path, data_dir
 SMALL_EVAL = ["--eval.niah_tasks", "[niah_single_1, niah_multikey_2]", "--eval.niah_lengths", "[512, 1024]",
               "--eval.niah_samples", "2", "--eval.niah_depths", "2", "--eval.babilong_tasks", "[qa1]",
               "--eval.babilong_lengths", "[0, 2048]", "--eval.babilong_samples", "2", "--eval.perplexity_len", "512",
-              "--eval.perplexity_samples", "2", "--eval.max_new_tokens", "8", "--trainer.limit_test_batches", "2"]
+              "--eval.perplexity_samples", "2", "--eval.max_new_tokens", "8"]
 
 
 @pytest.fixture(scope="module")
 def consolidated(two_rank_run):
-    """The README's consolidation command on the rehearsal's last.ckpt."""
+    """The consolidation command of docs/scale-out.md on the rehearsal's last.ckpt."""
     full = two_rank_run / "full.ckpt"
     run = _run([sys.executable, "-m", "swax_lightning.checkpoints", str(_ckpt(two_rank_run)), "--out", str(full)])
     assert run.returncode == 0 and full.is_file(), run.stderr[-2000:]
     return full
 
 
-def test_sharded_evaluation_scores_what_one_process_scores(tmp_path, data_dir, two_rank_run, consolidated):
-    base = [sys.executable, str(ROOT / "main.py"), "test", "--config", str(ROOT / "configs/tiny_stochastic.yaml"),
-            "--data.data_dir", str(data_dir), "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
-            "--trainer.enable_progress_bar", "false", *SMALL_EVAL]
-    sharded = _run([*base, "--trainer.devices", "2", "--trainer.strategy", "fsdp2", "--ckpt_path",
-                    str(_ckpt(two_rank_run)), "--eval.output_dir", str(tmp_path / "sharded")])
+def test_sharded_test_on_an_uneven_split_scores_what_one_process_scores(tmp_path, data_dir, two_rank_run,
+                                                                        consolidated):
+    """`main.py test` on 3 ranks of the 2-rank checkpoint, no test limit: the whole test split (56 batches of 16, 19
+    per rank with one padding batch) and the suite score what 1 process scores on the consolidated file."""
+    sharded = _run([sys.executable, str(ROOT / "main.py"), "test", "--config", CONFIG,
+                    *_common(tmp_path, data_dir, tmp_path / "records"), *SMALL_EVAL, "--trainer.devices", "3",
+                    "--trainer.strategy", "fsdp2", "--ckpt_path", str(_ckpt(two_rank_run)),
+                    "--eval.output_dir", str(tmp_path / "sharded")])
     assert sharded.returncode == 0, sharded.stderr[-3000:]
-    single = _run([*base, "--ckpt_path", str(consolidated), "--eval.output_dir", str(tmp_path / "single")])
-    assert single.returncode == 0, single.stderr[-3000:]
+    losses = {rank: [t["loss"] for t in record["tests"]] for rank, record in read_records(tmp_path / "records").items()}
+    assert sorted(losses) == [0, 1, 2] and losses[0] == losses[1] == losses[2] and len(losses[0]) == 1
+    single = _one_process("test", tmp_path / "single", data_dir, consolidated, *SMALL_EVAL,
+                          "--eval.output_dir", str(tmp_path / "single"))
+    _assert_same_loss(losses[0][0], single["tests"][-1]["loss"])
     a, b = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("sharded", "single"))
+    evaluated = [run["settings"].pop("checkpoint")["path"] for run in (a, b)]  # each names its own file
+    assert evaluated == [str(_ckpt(two_rank_run)), str(consolidated)]
     assert a == b and a["niah"] and a["babilong"] and a["perplexity"]
 
 
@@ -202,8 +302,7 @@ def test_a_distributed_checkpoint_in_one_process_is_one_clear_line(capsys, data_
     from swax_lightning.config import ConfigError
 
     with pytest.raises(SystemExit) as exit_:
-        main(["test", "--config", str(ROOT / "configs/tiny_stochastic.yaml"), "--data.data_dir", str(data_dir),
-              "--ckpt_path", str(_ckpt(two_rank_run))])
+        main(["test", "--config", CONFIG, "--data.data_dir", str(data_dir), "--ckpt_path", str(_ckpt(two_rank_run))])
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and len(err) == 1, err
     assert "is a distributed checkpoint" in err[0] and "python -m swax_lightning.checkpoints" in err[0]
@@ -216,9 +315,62 @@ def test_consolidated_checkpoint_loads_in_generate_and_resumes_one_process(tmp_p
 
     model, tokenizer = load_model(consolidated)
     assert torch.isfinite(model(torch.tensor([tokenizer.encode("def main(")]))).all()
-    resumed = _run([sys.executable, str(ROOT / "main.py"), "fit", "--config",
-                    str(ROOT / "configs/tiny_stochastic.yaml"), *_args(tmp_path, data_dir, tmp_path / "records"),
-                    "--data.batch_size", str(2 * PER_RANK_BATCH), "--trainer.max_steps", str(STEPS + 2),
+    resumed = _run([sys.executable, str(ROOT / "main.py"), "fit", "--config", CONFIG,
+                    *_args(tmp_path, data_dir, tmp_path / "records"), "--data.batch_size", str(2 * BATCH),
+                    "--trainer.max_steps", str(STEPS + 2), "--trainer.limit_val_batches", "2",  # resuming is the test
                     "--ckpt_path", str(consolidated)])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert sorted(read_records(tmp_path / "records")[0]["steps"]) == [STEPS, STEPS + 1]
+
+
+# ---- no rank waits forever -----------------------------------------------------------------------------------------
+# 1 step, then a 2-batch validation at whose end rank 1 runs one forward more than rank 0 (tests/train_probe.py).
+STALL = ["--trainer.max_steps", "1", "--trainer.val_check_interval", "1", "--trainer.limit_val_batches", "2",
+         "--trainer.num_sanity_val_steps", "0", "--trainer.callbacks.extra_forward_in_validation_at=1"]
+
+
+def _rank_lines(stderr: str) -> dict[int, str]:
+    lines = [line for line in stderr.splitlines() if line.startswith("error: rank ")]
+    by_rank = {int(line.split()[2].rstrip(":")): line for line in lines}
+    assert len(by_rank) == len(lines), lines  # one line per rank
+    return by_rank
+
+
+def test_a_rank_left_waiting_in_a_collective_ends_every_rank_with_one_line(tmp_path, data_dir):
+    """Rank 1 waits in the extra forward's all-gather, rank 0 in the validation's metric sync: with
+    collective_timeout 10 s both end, each with one line naming its rank and the phase, and no traceback."""
+    strategy = '{"class_path": "swax_lightning.strategy.FSDP2Strategy", "init_args": {"collective_timeout": 10}}'
+    run = _run([sys.executable, str(ROOT / "main.py"), "fit", "--config", CONFIG, "--trainer.devices", "2",
+                "--trainer.strategy", strategy, *_common(tmp_path, data_dir, tmp_path / "records"), *STALL])
+    assert run.returncode != 0 and (tmp_path / "records/extra-forward-rank1").exists()
+    lines = _rank_lines(run.stderr)
+    assert sorted(lines) == [0, 1] and all("in validate" in line for line in lines.values()), lines
+    assert "no progress in validate" in "".join(lines.values()) and "Traceback" not in run.stderr
+
+
+def test_sigterm_ends_every_rank_of_a_hung_run_with_one_line(tmp_path, data_dir):
+    """The same hang under the default timeout (30 min): SIGTERM to rank 0 alone (the rehearsal's launching process)
+    ends it and the rank it launched, each with one line, status 143."""
+    run = _start(_rehearsal(*_common(tmp_path, data_dir, tmp_path / "records"), *STALL), stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE)
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while not (tmp_path / "records/extra-forward-rank1").exists() and run.poll() is None:
+        assert time.monotonic() < deadline, "the run never reached its validation"
+        time.sleep(0.5)
+    time.sleep(2)  # rank 1 is inside the extra forward, rank 0 in the metric sync
+    run.send_signal(signal.SIGTERM)
+    [(_, stderr)] = _finish(run, timeout=60)
+    assert run.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    lines = _rank_lines(stderr)
+    assert lines == {rank: f"error: rank {rank}: SIGTERM during validate: stopped" for rank in (0, 1)}, stderr[-3000:]
+
+
+def test_torchrun_with_fewer_processes_than_devices_is_one_line_per_rank(tmp_path, data_dir):
+    run = _run(_torchrun(1, 0, _free_port(), "fit", "--config", CONFIG, "--trainer.devices", "4",
+                         "--trainer.strategy", "fsdp2", *_common(tmp_path, data_dir, tmp_path / "records")))
+    assert run.returncode != 0
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == ["error: trainer.devices (4) x trainer.num_nodes (1) = 4 ranks, but the launcher "
+                      "(TorchElasticEnvironment) started 2 processes: set devices and num_nodes to what it starts "
+                      "(e.g. torchrun --nproc-per-node = devices, --nnodes = num_nodes)"] * 2, run.stderr[-3000:]
+    assert "[rank0]: Traceback" not in run.stderr

@@ -40,7 +40,7 @@ def run(tmp_path_factory):
     ckpt = run_dir / "checkpoints" / "last.ckpt"
     trainer.save_checkpoint(ckpt)
     (run_dir / "eval").mkdir()
-    evaluated = {"settings": NIAH["settings"] | {"checkpoint": checkpoint_identity(ckpt, 3)}}
+    evaluated = {"settings": NIAH["settings"] | {"checkpoint": checkpoint_identity(ckpt)}}
     (run_dir / "eval" / "results.json").write_text(json.dumps(NIAH | evaluated))
     return ckpt
 

@@ -7,9 +7,16 @@
   and master weights stay fp32, and loss and gradients match the fp32 model within bf16 tolerance.
 - The mesh: full sharding over every rank for any N nodes x M devices, HSDP groups inside nodes; sizes that do not fit
   the world are one error naming the fields; Lightning's ModelParallelStrategy with a tensor-parallel dimension (its
-  default on one node) is refused instead of training one replica per rank.
+  default on one node) is refused instead of training one replica per rank, and a data-parallel one that does not
+  cover the world names the world size.
+- A launch whose ranks would never all come is one line at start-up: num_nodes 2 with nothing starting the second
+  node (torchrun with fewer processes than devices: tests/test_distributed.py).
 """
 import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -24,6 +31,7 @@ from swax_lightning.strategy import FSDP2Strategy, mesh_shape
 CFG = ModelConfig(vocab_size=40, d_model=32, n_layers=4, n_heads=2, mlstm_heads=2, chunk_size=8, window=4,
                   pattern="SX")
 SEED = 11
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _loss(model, idx):
@@ -143,6 +151,38 @@ def _start(capsys, *args):
 def test_lightning_model_parallel_default_mesh_is_refused_at_start(capsys):
     err = _start(capsys, "--trainer.strategy", '{"class_path": "lightning.pytorch.strategies.ModelParallelStrategy"}')
     assert "data_parallel_size (1) x tensor_parallel_size (2)" in err and "own replica" in err
+
+
+def test_a_data_parallel_mesh_smaller_or_larger_than_the_world_names_the_world_size(capsys):
+    err = _start(capsys, "--trainer.strategy", '{"class_path": "lightning.pytorch.strategies.ModelParallelStrategy", '
+                                               '"init_args": {"data_parallel_size": 3, "tensor_parallel_size": 1}}')
+    assert "data_parallel_size (3) x tensor_parallel_size (1) = 3 ranks, but the world size (num_nodes x devices) " \
+           "is 2" in err and "replica" not in err
+
+
+def test_two_nodes_with_nothing_starting_the_second_is_one_line(tmp_path):
+    """Without a launcher, Lightning starts this node's processes and waits for the other node's forever: refused
+    before any process starts (a subprocess: the old behaviour was a silent wait, which the timeout catches)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("NODE_RANK", "GROUP_RANK", "MASTER_ADDR")}
+    run = subprocess.Popen([sys.executable, "main.py", "fit", "--config", "configs/tiny.yaml", "--trainer.devices", "2",
+                            "--trainer.num_nodes", "2", "--trainer.strategy", "fsdp2",
+                            "--trainer.logger.init_args.save_dir", str(tmp_path)], cwd=ROOT, env=env,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, stderr = run.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)  # the launched rank too
+        pytest.fail("still waiting for the other node after 120 s: killed")
+    assert run.returncode == 2
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert errors == ["error: trainer.num_nodes is 2, but nothing starts the other nodes: launch this command on every "
+                      "node with srun (SLURM) or torchrun, or set MASTER_ADDR, MASTER_PORT and NODE_RANK on each; "
+                      "started alone it would wait for them forever"], stderr
+
+
+def test_collective_timeout_must_be_positive():
+    with pytest.raises(ValueError, match=r"collective_timeout must be > 0 seconds \(got 0\)"):
+        FSDP2Strategy(collective_timeout=0)
 
 
 def test_shard_size_that_does_not_divide_the_world_is_refused_at_start(capsys):

@@ -100,3 +100,23 @@ def test_recomputed_mlstm_states_leave_the_count():
     states = batch * heads * (seq // SMALL["chunk_size"]) * (dqk * dv + 1) * 4
     assert out0 == out1
     assert [a - b for a, b in zip(blocks0, blocks1)] == [0, states, 0, states]  # S X S X
+
+
+def test_the_estimate_reaches_every_layer_kind_through_the_dispatch_hook(monkeypatch):
+    """The meta-device count runs each layer's kernel as the GPU kernel's saved-set stand-in, through the dispatch's
+    own hook (kernels.substituted), for attention, mLSTM and Gated DeltaNet layers alike (the DeltaNet layers were
+    once missed: they ran the PyTorch path's saved set)."""
+    import swax_lightning.memory as memory
+
+    calls = {"attention": 0, "mlstm": 0, "deltanet": 0}
+    for op in calls:
+        original = getattr(memory, f"_gpu_{op}")
+
+        def counted(*args, op=op, original=original):
+            calls[op] += 1
+            return original(*args)
+
+        monkeypatch.setattr(memory, f"_gpu_{op}", counted)
+    cfg = ModelConfig(d_model=64, n_layers=6, pattern="SXD", n_heads=2, mlstm_heads=2, deltanet_heads=2, window=16)
+    memory.saved_activation_bytes(cfg, 2, 128, None, torch.float32)
+    assert calls == {"attention": 2, "mlstm": 2, "deltanet": 2}

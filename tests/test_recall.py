@@ -49,35 +49,43 @@ def test_held_out_samples_share_no_key_or_filler_with_training():
         assert len(gap) == 300 and gap[:40] not in training
 
 
-class Oracle(torch.nn.Module):
+class OneChunk(torch.nn.Module):
+    """Test models that read a whole text at once: the scorer's streaming interface with no state to carry (the
+    answer loss reads its text in one chunk)."""
+
+    def new_caches(self, batch, dtype):
+        return []
+
+
+class Oracle(OneChunk):
     """Knows the full token stream it is evaluated on: logits one-hot on the true next token."""
 
     def __init__(self, stream, vocab=257):
         super().__init__()
         self.stream, self.vocab, self.w = stream, vocab, torch.nn.Parameter(torch.zeros(1))
 
-    def forward(self, ids):
+    def forward(self, ids, caches=None, positions=None):
         nxt = torch.tensor(self.stream[1:ids.shape[1] + 1])
         return 50.0 * torch.nn.functional.one_hot(nxt, self.vocab).float()[None]
 
 
-class Blind(torch.nn.Module):
+class Blind(OneChunk):
     def __init__(self, vocab=257):
         super().__init__()
         self.vocab, self.w = vocab, torch.nn.Parameter(torch.zeros(1))
 
-    def forward(self, ids):
+    def forward(self, ids, caches=None, positions=None):
         return torch.zeros(1, ids.shape[1], self.vocab)
 
 
-class Copier(torch.nn.Module):
+class Copier(OneChunk):
     """Predicts that each next token repeats the one `offset` tokens before it."""
 
     def __init__(self, offset, vocab=257):
         super().__init__()
         self.offset, self.vocab, self.w = offset, vocab, torch.nn.Parameter(torch.zeros(1))
 
-    def forward(self, ids):
+    def forward(self, ids, caches=None, positions=None):
         back = torch.cat([torch.zeros(ids.shape[0], self.offset - 1, dtype=ids.dtype), ids], 1)[:, :ids.shape[1]]
         return 50.0 * torch.nn.functional.one_hot(back, self.vocab).float()
 

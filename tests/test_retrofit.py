@@ -32,7 +32,7 @@ from swax_lightning import hf_import, retrofit  # noqa: E402
 from swax_lightning.checkpoints import load_model  # noqa: E402
 from swax_lightning.evals.essay import generated_essay  # noqa: E402
 from swax_lightning.lora import LoRALinear, add_lora, merge_lora  # noqa: E402
-from swax_lightning.retrofit_experiment import write_converted  # noqa: E402
+from swax_lightning.retrofit_experiment import check_variants, read_config, write_converted  # noqa: E402
 from tests.hf_models import make_pretrained  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -307,6 +307,16 @@ def test_a_bad_experiment_field_is_one_line(tmp_path):
     (tmp_path / "typo.yaml").write_text(yaml.safe_dump({"lora": {"rnak": 4}}))
     result = run_experiment(tmp_path / "typo.yaml")
     assert result.returncode == 2 and "lora.rnak: unknown field" in result.stderr
+
+
+def test_a_window_beyond_the_teachers_positions_is_refused_before_any_training(teacher, tmp_path):
+    """check_variants runs at start-up, before the retrofits train: a window longer than the imported model's
+    positions (2,048 here) is one line naming the variant and the window."""
+    _, teacher_ckpt = teacher
+    cfg = read_config(experiment_config(tmp_path, "unused", evaluate={"windows": [16, 4096]}))
+    with pytest.raises(retrofit.ConfigError, match=r"evaluate \(swa4096-sink4\): window 4096 is larger than the 2048"):
+        check_variants(cfg, teacher_ckpt, None)
+    check_variants(read_config(experiment_config(tmp_path, "unused")), teacher_ckpt, None)  # windows 16, 1024: fine
 
 
 @pytest.mark.slow

@@ -178,6 +178,7 @@ def test_a_too_short_niah_length_is_refused_at_setup_before_any_training():
     from types import SimpleNamespace
 
     trainer = SimpleNamespace(datamodule=SimpleNamespace(tokenizer=TOK))
+    module = SimpleNamespace(arch=None)  # no window override: the model's shape is not consulted
     with pytest.raises(ValueError, match=r"EvalSuite.niah_lengths: niah_single_2: length 256 is too short"):
-        EvalSuite(niah_tasks=["niah_single_2"], niah_lengths=[4096, 256], niah_samples=40).setup(trainer, None, "fit")
-    EvalSuite(niah_tasks=["niah_single_2"], niah_lengths=[512], niah_samples=40).setup(trainer, None, "fit")
+        EvalSuite(niah_tasks=["niah_single_2"], niah_lengths=[4096, 256], niah_samples=40).setup(trainer, module, "fit")
+    EvalSuite(niah_tasks=["niah_single_2"], niah_lengths=[512], niah_samples=40).setup(trainer, module, "fit")

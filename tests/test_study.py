@@ -1,5 +1,7 @@
-"""The window study's one command, end to end at a few steps: two arms of configs/study train, evaluate (NIAH on
-RULER's grid, answer-token loss by distance) and collect into a table and two plots; a second call skips them."""
+"""The window study's one command, end to end at a few steps: arms of configs/study train on text and MQAR documents,
+evaluate (MQAR accuracy by gap, NIAH, answer-token loss by distance), two runs side by side, and collect into the
+table (each arm's mean and seed range per gap) and the plots; a second call skips them."""
+import json
 import shutil
 import subprocess
 import sys
@@ -10,45 +12,109 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1",
          "--data.batch_size", "2", "--eval.niah_lengths", "[512]", "--eval.niah_samples", "4", "--eval.niah_depths",
-         "4", "--eval.recall_edges", "[1, 8, 128]", "--eval.recall_samples", "2",
-         "--data.recall.documents", "50"]
+         "4", "--eval.recall_edges", "[1, 8, 128]", "--eval.recall_samples", "2", "--eval.mqar_gaps", "[0, 64]",
+         "--eval.mqar_samples", "4", "--data.recall.documents", "50"]
 
 
 @pytest.mark.slow
 def test_the_study_command_trains_evaluates_collects_and_resumes(tmp_path):
     study = tmp_path / "study"
     study.mkdir()
-    for name in ("_base.yaml", "w_short.yaml", "xlstm.yaml"):
+    for name in ("_base.yaml", "w_short.yaml", "w_long.yaml"):
         shutil.copy(ROOT / "configs/study" / name, study)
-    cmd = [sys.executable, "-m", "swax_lightning.study", "run", str(study), "--seeds", "0", "--save_dir",
-           str(tmp_path / "runs"), "--", *SMALL, "--data.data_dir", str(tmp_path / "data")]
+    cmd = [sys.executable, "-m", "swax_lightning.study", "run", str(study), "--seeds", "0", "1", "--jobs", "2",
+           "--save_dir", str(tmp_path / "runs"), "--", *SMALL, "--data.data_dir", str(tmp_path / "data")]
     first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stderr[-3000:]
     out = tmp_path / "runs/study"
-    table = (out / "study.md").read_text()
-    for arm in ("w_short", "xlstm"):
-        assert (out / f"{arm}-s0/eval/results.json").is_file()
-        assert list((out / f"{arm}-s0").glob("events.out.tfevents.*"))  # TensorBoard: runs/study/<arm>-s<seed>
-        row = next(line for line in table.splitlines() if line.startswith(f"| {arm} | 0 |"))
-        assert row.count("|") == 7  # arm, seed, val loss, NIAH 512, two answer-loss buckets
-    assert (out / "niah_vs_length.png").stat().st_size > 0 and (out / "answer_loss_vs_distance.png").stat().st_size > 0
+    lines = (out / "study.md").read_text().splitlines()
+    header = lines.index("| arm | seeds | gap 0 | gap 64 |")  # the MQAR accuracy table comes first
+    for arm in ("w_long", "w_short"):
+        row = next(line for line in lines[header:] if line.startswith(f"| {arm} | 2 | "))
+        assert row.count("(") == 2  # each gap: the mean over the two seeds (lowest-highest)
+        for seed in (0, 1):
+            run = out / f"{arm}-s{seed}"
+            results = json.loads((run / "eval/results.json").read_text())
+            assert [g["gap"] for g in results["mqar"]["gaps"]] == [0, 64]
+            assert json.loads((run / "environment.json").read_text())["threads"] == 1
+            assert _scalar_tags(run) >= {"eval/mqar/gap_0/accuracy", "eval/mqar/gap_64/value_loss", "val/loss"}
+    assert any(line.startswith("- 4 run(s): ") and "1 thread(s)" in line for line in lines)
+    for plot in ("mqar_accuracy_vs_gap.png", "mqar_loss_vs_gap.png", "niah_vs_length.png"):
+        assert (out / plot).stat().st_size > 0
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0 and again.stdout.count("done before") == 2, again.stdout[-2000:]
+    assert again.returncode == 0 and again.stdout.count("done before") == 4, again.stdout[-2000:]
 
 
-def test_the_table_averages_the_seeds_of_each_arm():
-    # Two seeds of one arm, one of another: the mean row is the seeds' average of every column, a single seed gets no
-    # mean row, and a missing measurement is NaN, not a silent zero.
-    from swax_lightning.study import _table
+def _scalar_tags(run: Path) -> set[str]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    def run(val, niah, recall):
-        return {"val/loss": val,
-                "results": {"niah": {"scores": {"average": {"512": {"mean": niah, "ci95": [niah - 5, niah + 5]}}}},
+    tags = set()
+    for events in run.glob("events.out.tfevents.*"):
+        accumulator = EventAccumulator(str(events))
+        accumulator.Reload()
+        tags |= set(accumulator.Tags()["scalars"])
+    return tags
+
+
+def test_the_report_gives_each_arm_its_mean_and_seed_range_per_gap():
+    # Two seeds of one arm, one of another: every column is the seeds' mean (lowest-highest); a single seed is its
+    # value alone; a missing measurement is NaN, not a silent zero; each run's intervals and environment are listed.
+    from swax_lightning.study import report
+
+    def run(val, accuracy, loss, niah, recall, threads=1):
+        gap = {"gap": 0, "reach": [5, 55], "accuracy": accuracy, "accuracy_ci95": [accuracy - 3, accuracy + 4],
+               "loss": loss, "n": 96}
+        return {"val/loss": val, "environment": {"cpu": "EPYC", "cpu_capability": "AVX512", "threads": threads,
+                                                 "gpu": None, "python": "3.11", "platform": "Linux",
+                                                 "packages": {"torch": "2.13.0"}},
+                "results": {"settings": {"window": 64},
+                            "mqar": {"gaps": [gap], "episode": "16 episodes", "chance": "3.8%"},
+                            "niah": {"scores": {"average": {"512": {"mean": niah, "ci95": [niah - 5, niah + 5]}}}},
                             "recall": {"buckets": [{"from": 1, "to": 8, "loss": recall}]}}}
 
-    runs = {("w_short", 0): run(2.0, 10.0, 1.0), ("w_short", 1): run(3.0, 30.0, 2.0),
-            ("xlstm", 0): {"val/loss": 2.5, "results": {}}}
-    lines = _table(runs).splitlines()
-    assert "| **w_short** | mean | 2.500 | 20 | 1.500 |" in lines
-    assert "| w_short | 1 | 3.000 | 30 [25, 35] | 2.000 |" in lines
-    assert "| xlstm | 0 | 2.500 |  | nan |" in lines and not any(line.startswith("| **xlstm**") for line in lines)
+    runs = {("w_short", 0): run(2.0, 30.0, 2.0, 10.0, 1.0), ("w_short", 1): run(3.0, 50.0, 1.0, 30.0, 2.0),
+            ("xlstm", 0): {"val/loss": 2.5, "environment": {}, "results": {}}}
+    lines = report(runs).splitlines()
+    assert lines[lines.index("| arm | seeds | gap 0 |") + 2:][:2] == ["| w_short | 2 | 40.0 (30.0-50.0) |",
+                                                                        "| xlstm | 1 | nan |"]
+    assert "| w_short | 2 | 1.500 (1.000-2.000) |" in lines  # value loss
+    assert "| w_short | 2 | 2.500 (2.000-3.000) | 20 (10-30) | 1.500 (1.000-2.000) |" in lines  # secondary
+    assert "| xlstm | 1 | 2.500 | nan | nan |" in lines
+    assert "| w_short | 1 | 3.000 | 50 [47, 54] | 30 [25, 35] |" in lines  # every run, with its intervals
+    assert any(line.startswith("- 2 run(s): EPYC (AVX512), 1 thread(s)") for line in lines)
+    assert "- xlstm-s0: not recorded" in lines
+
+
+@pytest.mark.slow
+def test_the_gpu_study_configs_train_a_step_and_evaluate_on_cpu_at_toy_size(tmp_path):
+    # configs/study_gpu at a toy size on CPU: a BPE trained by swax_lightning.train_tokenizer on a small source, every
+    # arm's config parses (print_config), and one arm fits a step and runs its evaluations through the study command.
+    source = tmp_path / "text"
+    source.mkdir()
+    for i in range(30):
+        (source / f"doc{i}.txt").write_text(" ".join(f"word{(i * 7 + j) % 50} is: {j % 10}." for j in range(300)))
+    tokenizer = tmp_path / "tok.json"
+    subprocess.run([sys.executable, "-m", "swax_lightning.train_tokenizer", "--source", str(source), "--vocab_size",
+                    "600", "--out", str(tokenizer)], cwd=ROOT, check=True, timeout=120)
+    toy = ["--trainer.accelerator", "cpu", "--trainer.precision", "32-true", "--trainer.max_steps", "1",
+           "--trainer.val_check_interval", "1", "--trainer.limit_val_batches", "1", "--model.arch.d_model", "64",
+           "--model.arch.n_layers", "2", "--model.arch.n_heads", "2", "--model.arch.mlstm_heads", "2",
+           "--data.source", str(source), "--data.tokenizer", str(tokenizer), "--data.data_dir", str(tmp_path / "data"),
+           "--data.seq_len", "256", "--data.batch_size", "2", "--data.num_workers", "0", "--data.recall.documents",
+           "4", "--data.recall.doc_chars", "2000", "--data.recall.near_limit", "200", "--data.recall.max_distance",
+           "600", "--eval.niah_lengths", "[1024]", "--eval.recall_edges", "[100, 200, 400]", "--eval.recall_samples",
+           "2", "--eval.chunk_len", "256"]
+    for arm in sorted((ROOT / "configs/study_gpu").glob("[!_]*.yaml")):
+        printed = subprocess.run([sys.executable, "main.py", "fit", "--config", str(arm), *toy, "--print_config"],
+                                 cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert printed.returncode == 0 and "seq_len: 256" in printed.stdout, printed.stderr[-2000:]
+    study = tmp_path / "study_gpu"
+    study.mkdir()
+    for name in ("_base.yaml", "stochastic_p0.5.yaml"):
+        shutil.copy(ROOT / "configs/study_gpu" / name, study)
+    run = subprocess.run([sys.executable, "-m", "swax_lightning.study", "run", str(study), "--seeds", "0",
+                          "--save_dir", str(tmp_path / "runs"), "--", *toy], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.loads((tmp_path / "runs/study_gpu/stochastic_p0.5-s0/eval/results.json").read_text())
+    assert results["settings"]["window"] == 512 and "1024" in results["niah"]["scores"]["average"]

@@ -39,7 +39,7 @@ class MLSTMState(NamedTuple):
                           torch.zeros(batch, heads, **opts))
 
 
-def _heads_first(x: torch.Tensor) -> torch.Tensor:
+def _heads_first_fp32(x: torch.Tensor) -> torch.Tensor:
     """[B, T, H, ...] -> [B, H, T, ...] in fp32."""
     return fp32(x).transpose(1, 2)
 
@@ -49,8 +49,8 @@ def mlstm_parallel(q, k, v, i_pre, f_pre, initial_state: MLSTMState | None = Non
     B, T, H, dqk = q.shape
     state = initial_state or MLSTMState.zeros(B, H, dqk, v.shape[-1], like=q)
     out_dtype = v.dtype
-    q, k, v = _heads_first(q) * dqk ** -0.5, _heads_first(k), _heads_first(v)
-    i_pre, lf = _heads_first(i_pre), F.logsigmoid(_heads_first(f_pre))           # [B, H, T]
+    q, k, v = _heads_first_fp32(q) * dqk ** -0.5, _heads_first_fp32(k), _heads_first_fp32(v)
+    i_pre, lf = _heads_first_fp32(i_pre), F.logsigmoid(_heads_first_fp32(f_pre))           # [B, H, T]
     cum = torch.cumsum(lf, dim=-1)                                                 # F_t
     causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     log_d = (cum[..., :, None] - cum[..., None, :] + i_pre[..., None, :]).masked_fill(~causal, float("-inf"))

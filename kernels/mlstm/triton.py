@@ -325,7 +325,7 @@ def _options(L: int, BK: int, BV: int, x: torch.Tensor) -> dict:
     return dict(L=L, BK=BK, BV=BV, PREC=triton_dot_precision(x.dtype))
 
 
-def _tile(d: int) -> int:
+def _tile_size(d: int) -> int:
     return max(16, min(TILE, triton.next_power_of_2(d)))
 
 
@@ -349,7 +349,7 @@ class MLSTMChunkwise(torch.autograd.Function):
         B, T, H, DQK = q.shape
         DV = v.shape[-1]
         L, NC = chunk_size, triton.cdiv(T, chunk_size)
-        BK, BV = _tile(DQK), _tile(DV)
+        BK, BV = _tile_size(DQK), _tile_size(DV)
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         # Gates as [B*H, T] fp32; the log forget gate is what the kernels use.
         lf = F.logsigmoid(f_pre.float()).permute(0, 2, 1).reshape(B * H, T).contiguous()

@@ -43,7 +43,7 @@ LOG2E = tl.constexpr(1.4426950408889634)  # scores are kept in base 2 (exp2)
 
 
 @triton.jit
-def _tile(ptr, mask, NATIVE: tl.constexpr):
+def _load_tile(ptr, mask, NATIVE: tl.constexpr):
     """Load a tile: in its own dtype for tensor-core dots (NATIVE), else upcast to fp32 at once."""
     x = tl.load(ptr, mask=mask, other=0.0)
     return x if NATIVE else x.to(tl.float32)
@@ -79,8 +79,8 @@ def _scores_block(q, k_base, v_base, n0, d, sk_t, T, scale, BLOCK_N: tl.constexp
                   PREC: tl.constexpr):
     """Key positions s, key and value tiles, and the base-2 scaled scores q k^T of the key block at n0."""
     s = n0 + tl.arange(0, BLOCK_N)
-    kb = _tile(k_base + s[:, None] * sk_t + d[None, :], s[:, None] < T, NATIVE)
-    vb = _tile(v_base + s[:, None] * sk_t + d[None, :], s[:, None] < T, NATIVE)
+    kb = _load_tile(k_base + s[:, None] * sk_t + d[None, :], s[:, None] < T, NATIVE)
+    vb = _load_tile(v_base + s[:, None] * sk_t + d[None, :], s[:, None] < T, NATIVE)
     return s, kb, vb, tl.dot(q, tl.trans(kb), input_precision=PREC) * (scale * LOG2E)
 
 
@@ -97,7 +97,7 @@ def _fwd_kernel(Q, K, V, O, LSE, sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, so_b, so_t,
                 PREC: tl.constexpr):
     b, hq, hk, pid_bh, m0, t = _query_block(HQ, GROUP, BLOCK_M)
     d = tl.arange(0, D)
-    q = _tile(Q + b * sq_b + hq * sq_h + t[:, None] * sq_t + d[None, :], t[:, None] < T, NATIVE)
+    q = _load_tile(Q + b * sq_b + hq * sq_h + t[:, None] * sq_t + d[None, :], t[:, None] < T, NATIVE)
     k_base, v_base = K + b * sk_b + hk * sk_h, V + b * sk_b + hk * sk_h
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -129,8 +129,8 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, sq_b, sq_t, sq_h, sk_b, sk_t, sk
     b, hq, hk, pid_bh, m0, t = _query_block(HQ, GROUP, BLOCK_M)
     d = tl.arange(0, D)
     row = b * sq_b + hq * sq_h + t[:, None] * sq_t + d[None, :]
-    q = _tile(Q + row, t[:, None] < T, NATIVE)
-    do = _tile(DO + row, t[:, None] < T, NATIVE)
+    q = _load_tile(Q + row, t[:, None] < T, NATIVE)
+    do = _load_tile(DO + row, t[:, None] < T, NATIVE)
     lse = tl.load(LSE + pid_bh * T + t, mask=t < T, other=0.0)
     delta = tl.load(DELTA + pid_bh * T + t, mask=t < T, other=0.0)
     k_base, v_base = K + b * sk_b + hk * sk_h, V + b * sk_b + hk * sk_h
@@ -157,8 +157,8 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, sq_b, sq_t, sq_h, sk_b, sk
     s = n0 + tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)
     kv_row = b * sk_b + hk * sk_h + s[:, None] * sk_t + d[None, :]
-    kb = _tile(K + kv_row, s[:, None] < T, NATIVE)
-    vb = _tile(V + kv_row, s[:, None] < T, NATIVE)
+    kb = _load_tile(K + kv_row, s[:, None] < T, NATIVE)
+    vb = _load_tile(V + kv_row, s[:, None] < T, NATIVE)
     dk = tl.zeros([BLOCK_N, D], tl.float32)
     dv = tl.zeros([BLOCK_N, D], tl.float32)
     # Queries that see this key block: t in [n0, n0 + BLOCK_N - 1 + W - 1]; with sinks in it, every later query.
@@ -172,8 +172,8 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, sq_b, sq_t, sq_h, sk_b, sk
         while m0 < q_hi:
             t = m0 + tl.arange(0, BLOCK_M)
             row = b * sq_b + hq * sq_h + t[:, None] * sq_t + d[None, :]
-            q = _tile(Q + row, t[:, None] < T, NATIVE)
-            do = _tile(DO + row, t[:, None] < T, NATIVE)
+            q = _load_tile(Q + row, t[:, None] < T, NATIVE)
+            do = _load_tile(DO + row, t[:, None] < T, NATIVE)
             lse = tl.load(LSE + bh * T + t, mask=t < T, other=0.0)
             delta = tl.load(DELTA + bh * T + t, mask=t < T, other=0.0)
             scores = tl.dot(q, tl.trans(kb), input_precision=PREC) * (scale * LOG2E)

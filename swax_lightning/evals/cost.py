@@ -3,7 +3,8 @@ from this machine's measured speed on this model.
 
 Decisions:
 - Tokens are counted from the settings alone (a NIAH or BABILong prompt is as long as its length; perplexity reads
-  its samples; the recall buckets read about their upper edge), so the count is exact up to the prompts' tails.
+  its samples; the recall buckets read about their upper edge; an MQAR episode is as long as its text in bytes), so
+  the count is exact up to the prompts' tails (and, for MQAR, the tokenizer's compression).
 - Speed is measured, not assumed: one prefill chunk and a few decode steps of the model itself, on random ids, a
   second or so. Attention layers cost more per token at longer contexts and a full-attention layer's cache grows, so
   the estimate is a lower bound for full attention and close for SWA and recurrent layers.
@@ -35,6 +36,11 @@ def workload(suite) -> dict[str, tuple[int, int, int]]:
         out["BABILong"] = (prompts, tokens, prompts * babilong.MAX_NEW_TOKENS)
     if suite.perplexity_len:
         out["perplexity by position"] = (suite.perplexity_samples, suite.perplexity_samples * suite.perplexity_len, 0)
+    if suite.mqar_gaps:
+        from swax_lightning.mqar import episode_chars
+
+        chars = sum(episode_chars(suite.mqar_pairs, suite.mqar_key_length, gap) for gap in suite.mqar_gaps)
+        out["MQAR by gap"] = (len(suite.mqar_gaps) * suite.mqar_samples, suite.mqar_samples * chars, 0)
     if suite.recall_edges:
         buckets = len(suite.recall_edges) - 1
         out["answer loss by distance"] = (buckets * suite.recall_samples,

@@ -44,13 +44,13 @@ import os
 import warnings
 
 import torch
-import torch.nn.functional as F
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from lm_eval.models.utils import normalize_gen_kwargs
 from tqdm import tqdm
 
 from swax_lightning.evals.reports import Z95, wilson_interval
+from swax_lightning.evals.scoring import token_scores
 from swax_lightning.inference import generate, left_pad, override_attention
 
 AUTO_BATCH_SIZE = 8
@@ -110,24 +110,17 @@ class SwaxLM(LM):
 
     @torch.no_grad()
     def _score(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
-        """(sum of log p(continuation), greedy?) for token pairs, in one left-padded batch, chunk by chunk: only one
-        chunk's logits exist at a time, so documents of any length fit."""
+        """(sum of log p(continuation), greedy?) for token pairs, in one left-padded batch (scoring.token_scores:
+        chunk by chunk, so documents of any length fit)."""
         device = self.model.embed.weight.device
         idx, positions = left_pad([(ctx + cont)[:-1] for ctx, cont in pairs], device)
         targets, _ = left_pad([(ctx + cont)[1:] for ctx, cont in pairs], device)
         scored = torch.zeros_like(targets, dtype=torch.bool)  # the continuation's positions: the last len(cont)
         for b, (_, cont) in enumerate(pairs):
             scored[b, -len(cont):] = True
-        caches = self.model.new_caches(len(pairs), dtype=self.model.embed.weight.dtype)
-        total = torch.zeros(len(pairs), dtype=torch.float64, device=device)
-        greedy = torch.ones(len(pairs), dtype=torch.bool, device=device)
-        for start in range(0, idx.shape[1], self.chunk_len):
-            span = slice(start, start + self.chunk_len)
-            logprobs = F.log_softmax(self.model(idx[:, span], caches, positions[:, span]).float(), -1)
-            hit, mask = logprobs.gather(-1, targets[:, span, None])[..., 0], scored[:, span]
-            total += (hit * mask).sum(1).double()
-            greedy &= ((logprobs.argmax(-1) == targets[:, span]) | ~mask).all(1)
-        return [(float(t), bool(g)) for t, g in zip(total, greedy)]
+        logprob, greedy = token_scores(self.model, idx, positions, targets, self.chunk_len)
+        total, all_greedy = (logprob * scored).sum(1), (greedy | ~scored).all(1)
+        return [(float(t), bool(g)) for t, g in zip(total, all_greedy)]
 
     def _batched(self, pairs: list, disable_tqdm: bool, desc: str) -> list[tuple[float, bool]]:
         results: list = [(0.0, True)] * len(pairs)  # an empty continuation: nothing to score, trivially greedy

@@ -13,10 +13,10 @@ import math
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from litdata import StreamingDataset
 from tqdm import tqdm
 
+from swax_lightning.evals.scoring import token_scores
 from swax_lightning.model import SWAXModel
 
 
@@ -28,26 +28,24 @@ def bucket_edges(length: int, first: int = 64) -> list[int]:
 
 
 @torch.no_grad()
-def position_losses(model: SWAXModel, dataset: StreamingDataset, length: int, samples: int, chunk_len: int = 2048,
-                    bytes_per_token: float = 1.0) -> list[dict]:
-    """Mean loss (nats), perplexity and bits per byte per position bucket over `samples` sequences of `length`
-    (`dataset`: blocks of length + 1 tokens, e.g. TextDataModule.blocks("val", length + 1))."""
-    if len(dataset) == 0:
+def position_losses(model: SWAXModel, dataset: StreamingDataset, n_blocks: int, length: int, samples: int,
+                    chunk_len: int = 2048, bytes_per_token: float = 1.0) -> list[dict]:
+    """Mean loss (nats), perplexity and bits per byte per position bucket over the first `samples` sequences of
+    `length` (`dataset`: blocks of length + 1 tokens, e.g. TextDataModule.blocks("val", length + 1); `n_blocks`: how
+    many the whole split holds, TextDataModule.block_count: under a process group len(dataset) is one rank's share,
+    while dataset[i] is block i of the whole split)."""
+    if n_blocks == 0:
         raise ValueError(f"no sequence of {length + 1} tokens in {dataset.input_dir.url or dataset.input_dir.path}: "
                          f"lower perplexity_len")
     edges = bucket_edges(length)
     total, count = torch.zeros(len(edges) - 1, dtype=torch.float64), torch.zeros(len(edges) - 1)
     bucket_of = torch.bucketize(torch.arange(length), torch.tensor(edges[1:]), right=True)
     device = model.embed.weight.device
-    for i in tqdm(range(min(samples, len(dataset))), desc=f"perplexity@{length}", leave=False):
+    for i in tqdm(range(min(samples, n_blocks)), desc=f"perplexity@{length}", leave=False):
         tokens = torch.as_tensor(np.asarray(dataset[i], dtype=np.int64), device=device)[None]
-        caches = model.new_caches(1, dtype=model.embed.weight.dtype)
-        losses = []
-        for start in range(0, length, chunk_len):
-            end = min(start + chunk_len, length)
-            logits = model(tokens[:, start:end], caches, torch.arange(start, end, device=device)[None])
-            losses.append(F.cross_entropy(logits[0].float(), tokens[0, start + 1:end + 1], reduction="none").cpu())
-        loss = torch.cat(losses).double()
+        logprob, _ = token_scores(model, tokens[:, :length], torch.arange(length, device=device)[None],
+                                  tokens[:, 1:length + 1], chunk_len)
+        loss = -logprob[0].cpu()
         total.index_add_(0, bucket_of, loss)
         count.index_add_(0, bucket_of, torch.ones(length))
     rows = []

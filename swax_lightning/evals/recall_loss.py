@@ -25,11 +25,11 @@ import math
 import random
 
 import torch
-import torch.nn.functional as F
 
 from swax_lightning.evals.essay import generated_essay, prose_sentences
-from swax_lightning.evals.reports import Z95, wilson_interval
+from swax_lightning.evals.reports import mean_interval, wilson_interval
 from swax_lightning.evals.ruler import load_words
+from swax_lightning.evals.scoring import token_scores
 from swax_lightning.recall_documents import eval_sample
 
 
@@ -44,15 +44,14 @@ def bucket_distances(edges: list[int], samples: int, seed: int) -> list[tuple[in
     return out
 
 
-@torch.no_grad()
-def answer_loss(model, tokenizer, prompt: str, answer: str) -> tuple[float, bool]:
+def answer_loss(model, tokenizer, prompt: str, answer: str, chunk_len: int = 4096) -> tuple[float, bool]:
     """Mean cross-entropy of the answer's tokens after the prompt, and whether all of them are top-1."""
     context, target = tokenizer.encode(prompt), tokenizer.encode(answer)
     device = next(model.parameters()).device
-    ids = torch.tensor([context + target[:-1]], device=device)
-    logits = model(ids)[0, len(context) - 1:].float()
-    target_t = torch.tensor(target, device=device)
-    return float(F.cross_entropy(logits, target_t)), bool((logits.argmax(-1) == target_t).all())
+    ids = torch.tensor([context + target], device=device)
+    n = ids.shape[1] - 1
+    logprob, greedy = token_scores(model, ids[:, :n], torch.arange(n, device=device)[None], ids[:, 1:], chunk_len)
+    return float(-logprob[0, -len(target):].mean()), bool(greedy[0, -len(target):].all())
 
 
 def recall_losses(model, tokenizer, edges: list[int], samples: int, seed: int = 0, progress=None) -> dict:
@@ -73,12 +72,8 @@ def recall_losses(model, tokenizer, edges: list[int], samples: int, seed: int = 
 
 
 def _bucket(lo: int, hi: int, rows: list[dict]) -> dict:
-    losses = [r["loss"] for r in rows]
-    n = len(losses)
-    mean = sum(losses) / n
-    sd = math.sqrt(sum((x - mean) ** 2 for x in losses) / (n - 1)) if n > 1 else 0.0
+    n = len(rows)
+    mean, ci95 = mean_interval([r["loss"] for r in rows])
     exact = 100.0 * sum(r["exact"] for r in rows) / n
-    half = Z95 * sd / math.sqrt(n)
     return {"from": lo, "to": hi, "reach": [min(r["reach"] for r in rows), max(r["reach"] for r in rows)],
-            "loss": mean, "loss_ci95": [mean - half, mean + half], "exact": exact,
-            "exact_ci95": wilson_interval(exact, n), "n": n}
+            "loss": mean, "loss_ci95": ci95, "exact": exact, "exact_ci95": wilson_interval(exact, n), "n": n}

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections import defaultdict
-from functools import partial
 from pathlib import Path
+
+from swax_lightning import atomic
 
 Z95 = 1.959963984540054
 
@@ -31,6 +31,15 @@ def wilson_interval(mean_percent: float, n: int) -> list[float]:
     centre = (p + Z95 ** 2 / (2 * n)) / (1 + Z95 ** 2 / n)
     half = Z95 * math.sqrt(p * (1 - p) / n + Z95 ** 2 / (4 * n * n)) / (1 + Z95 ** 2 / n)
     return [round(100 * max(0.0, centre - half), 2), round(100 * min(1.0, centre + half), 2)]
+
+
+def mean_interval(values: list[float]) -> tuple[float, list[float]]:
+    """The mean of `values` and its 95% normal interval (mean +- 1.96 standard errors; [mean, mean] for one value)."""
+    n = len(values)
+    mean = sum(values) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in values) / (n - 1)) if n > 1 else 0.0
+    half = Z95 * sd / math.sqrt(n)
+    return mean, [mean - half, mean + half]
 
 
 def cell(values: list[float]) -> dict:
@@ -76,8 +85,8 @@ def show(c: dict | None) -> str:
 
 
 def flat_metrics(results: dict) -> dict:
-    """TensorBoard scalars: eval/<benchmark>/<task>/<length> (mean), perplexity by position, lm-eval metrics as
-    eval/lm_eval/<task>/<metric>/<filter>."""
+    """TensorBoard scalars: eval/<benchmark>/<task>/<length> (mean), perplexity by position, MQAR as
+    eval/mqar/gap_<gap>/accuracy and .../value_loss, lm-eval metrics as eval/lm_eval/<task>/<metric>/<filter>."""
     metrics = {}
     for name in ("niah", "babilong"):
         for task, row in results.get(name, {}).get("scores", {}).items():
@@ -89,6 +98,9 @@ def flat_metrics(results: dict) -> dict:
     for row in results.get("recall", {}).get("buckets", []):
         metrics[f"eval/recall/{row['from']}-{row['to']}/answer_loss"] = row["loss"]
         metrics[f"eval/recall/{row['from']}-{row['to']}/exact"] = row["exact"]
+    for row in results.get("mqar", {}).get("gaps", []):
+        metrics[f"eval/mqar/gap_{row['gap']}/accuracy"] = row["accuracy"]
+        metrics[f"eval/mqar/gap_{row['gap']}/value_loss"] = row["loss"]
     for task, cells in results.get("lm_eval", {}).items():
         for metric, c in cells.items():
             metrics[f"eval/lm_eval/{task}/{metric.replace(',', '/')}"] = c["value"]
@@ -134,6 +146,12 @@ def _reach(bucket: dict) -> str:
     return "-" if "reach" not in bucket else f"{bucket['reach'][0]}-{bucket['reach'][1]}"
 
 
+def _with_interval(row: dict, key: str, digits: int, interval_digits: int) -> str:
+    """row[key] and its interval row[key_ci95] as "value [low, high]"."""
+    low, high = row[f"{key}_ci95"]
+    return f"{row[key]:.{digits}f} [{low:.{interval_digits}f}, {high:.{interval_digits}f}]"
+
+
 def _interval(c: dict) -> str:
     return "-" if c["ci95"] is None else f"[{c['ci95'][0]:.4f}, {c['ci95'][1]:.4f}] ({c['interval']})"
 
@@ -166,10 +184,19 @@ def markdown(results: dict, with_settings: bool = True) -> str:
                   "to the answer (a layer must see that far back to copy it); loss: mean cross-entropy of the "
                   "answer's tokens (nats) [95% interval]; exact: all answer tokens top-1, % [95% Wilson interval].\n",
                   "| distance | reach | loss | exact | n |", "|---|---|---|---|---|"]
-        lines += [f"| {r['from']}-{r['to']} | {_reach(r)} | "
-                  f"{r['loss']:.3f} [{r['loss_ci95'][0]:.3f}, {r['loss_ci95'][1]:.3f}] | "
-                  f"{r['exact']:.1f} [{r['exact_ci95'][0]:.0f}, {r['exact_ci95'][1]:.0f}] | {r['n']} |"
-                  for r in results["recall"]["buckets"]]
+        lines += [f"| {r['from']}-{r['to']} | {_reach(r)} | {_with_interval(r, 'loss', 3, 3)} | "
+                  f"{_with_interval(r, 'exact', 1, 0)} | {r['n']} |" for r in results["recall"]["buckets"]]
+        lines.append("")
+    if "mqar" in results:
+        lines += ["## Associative recall (MQAR) by gap\n",
+                  f"{results['mqar']['episode']}. Gap: filler characters between the pairs and their queries; reach: "
+                  "tokens from a stated value to the query that asks for it (a window W sees the pair when W >= "
+                  "reach); accuracy: queries whose value is the top prediction, % [95% Wilson interval], n queries; "
+                  "value loss: mean cross-entropy of the values (nats) [95% interval over episodes]. Chance: "
+                  f"{results['mqar']['chance']}.\n",
+                  "| gap | reach | accuracy | value loss | n |", "|---|---|---|---|---|"]
+        lines += [f"| {r['gap']} | {r['reach'][0]}-{r['reach'][1]} | {_with_interval(r, 'accuracy', 1, 0)} | "
+                  f"{_with_interval(r, 'loss', 3, 3)} | {r['n']} |" for r in results["mqar"]["gaps"]]
         lines.append("")
     if "lm_eval" in results:
         lines += ["## lm-evaluation-harness\n",
@@ -180,21 +207,16 @@ def markdown(results: dict, with_settings: bool = True) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _replace(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def write_reports(results: dict, out_dir: Path) -> None:
     """results.json, results.md and (NIAH) niah_heatmap.png (all tasks) and niah_heatmap_<task>.png in out_dir."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    _replace(out_dir / "results.json", lambda p: p.write_text(json.dumps(results, indent=2)))
-    _replace(out_dir / "results.md", lambda p: p.write_text(markdown(results)))
+    atomic.write_text(out_dir / "results.json", json.dumps(results, indent=2))
+    atomic.write_text(out_dir / "results.md", markdown(results))
     if "niah" in results:
         import matplotlib.pyplot as plt
 
         for task in (None, *results["niah"]["depth_x_length_by_task"]):
             fig = heatmap_figure(results["niah"], task)
-            _replace(out_dir / f"niah_heatmap{'_' + task if task else ''}.png", partial(fig.savefig, dpi=100))
+            with atomic.written_atomically(out_dir / f"niah_heatmap{'_' + task if task else ''}.png") as tmp:
+                fig.savefig(tmp, dpi=100, format="png")
             plt.close(fig)

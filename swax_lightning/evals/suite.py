@@ -3,8 +3,12 @@
 Configured from the YAML section `eval:` (the CLI always installs this callback; with nothing configured it does
 nothing). After Lightning's test loop (held-out loss, perplexity, bits per byte), rank 0 runs, as configured (on an
 unsharded copy of a model trained with FSDP2, gathered from all ranks; see parallel.py):
-RULER NIAH (ruler.py), BABILong (babilong.py), perplexity by position (perplexity.py) and lm-evaluation-harness tasks
-(lm_eval_adapter.py), all through the streaming inference, so 131k-token contexts run in bounded memory.
+RULER NIAH (ruler.py), BABILong (babilong.py), perplexity by position (perplexity.py), associative recall by gap
+(mqar.py) and lm-evaluation-harness tasks (lm_eval_adapter.py), all through the streaming inference, so 131k-token
+contexts run in bounded memory.
+
+Under a sharded strategy the other ranks take part in the gather of the copy and then leave: every rank runs the same
+test batches (data.py), and the suite on rank 0 is not limited by the strategy's collective_timeout (watchdog.py).
 
 Reports (reports.py), written beside the checkpoint's run (runs/<experiment>/<arm>/eval/, or `output_dir`):
 - results.json: the settings, every cell's mean, sample count and 95% interval, and every sample (its question,
@@ -29,6 +33,7 @@ from pathlib import Path
 from lightning.pytorch.callbacks import Callback
 from tqdm import tqdm
 
+from swax_lightning.config import ConfigError
 from swax_lightning.evals import babilong, ruler
 from swax_lightning.evals.cost import estimate
 from swax_lightning.evals.reports import flat_metrics, heatmap_figure, markdown, summarize, write_reports
@@ -42,6 +47,14 @@ WINDOW_CONVENTIONS = {False: "window = recent keys (current token included); the
                       True: "window = every key a query sees, the sinks among them"}
 INTERVAL_NOTE = ("95% Wilson score intervals on the mean share; exact in spirit for 0/100 scores, an approximation "
                  "for the partial scores of niah_multivalue and niah_multiquery")
+
+
+def _first_sample_fits(field_name: str, make_sample) -> None:
+    """Builds one sample, so that a length too short for it is refused now, naming the field."""
+    try:
+        make_sample()
+    except ValueError as err:
+        raise ConfigError(f"EvalSuite.{field_name}: {err}") from None
 
 
 class EvalSuite(Callback):
@@ -63,8 +76,14 @@ class EvalSuite(Callback):
         perplexity_len: Sequence length for perplexity by position on the held-out shards (empty = skip).
         perplexity_samples: Sequences for it.
         recall_edges: Distance buckets (characters between a fact and its question) of the answer-token loss by
-            recall distance (recall.py), e.g. [1, 16, 256, 1024, 8192]; empty = skip.
+            recall distance (evals/recall_loss.py), e.g. [1, 16, 256, 1024, 8192]; empty = skip.
         recall_samples: Samples per bucket.
+        mqar_gaps: Gaps (filler characters) of the associative-recall evaluation (evals/mqar.py: accuracy and value
+            loss by gap), e.g. [0, 16, 64, 256, 1024]; empty = skip.
+        mqar_samples: Episodes per gap.
+        mqar_pairs: Key-value pairs per episode; empty = data.recall's when its kind is mqar, else RecallMix's
+            default (8).
+        mqar_key_length: Letters per key; empty = data.recall's when its kind is mqar, else RecallMix's default (1).
         lm_eval_tasks: lm-evaluation-harness task names (arc_easy, arc_challenge, hellaswag, mbpp, or your own).
         lm_eval_include_path: Folder of extra task YAML files (e.g. local, offline task definitions).
         lm_eval_limit: Examples per lm-eval task (empty = all).
@@ -88,6 +107,8 @@ class EvalSuite(Callback):
                  babilong_lengths: list[int] = (0, 4096, 16384, 65536, 131072), babilong_samples: int = 5,
                  babilong_data_dir: str | None = None, perplexity_len: int | None = None, perplexity_samples: int = 8,
                  recall_edges: list[int] | None = None, recall_samples: int = 16,
+                 mqar_gaps: list[int] | None = None, mqar_samples: int = 64, mqar_pairs: int | None = None,
+                 mqar_key_length: int | None = None,
                  lm_eval_tasks: list[str] | None = None, lm_eval_include_path: str | None = None,
                  lm_eval_limit: int | None = None, window: int | None = None, n_sink: int | None = None,
                  convert_full_attention: bool = False, window_includes_sinks: bool = False,
@@ -125,6 +146,11 @@ class EvalSuite(Callback):
             from swax_lightning.evals.recall_loss import bucket_distances
 
             bucket_distances(self.recall_edges, 1, seed)  # checks the edges now, not after the test loop
+        self.mqar_gaps, self.mqar_samples = list(mqar_gaps or []), mqar_samples
+        self.mqar_pairs, self.mqar_key_length = mqar_pairs, mqar_key_length
+        if any(gap < 0 for gap in self.mqar_gaps) or (self.mqar_gaps and mqar_samples < 1):
+            raise ValueError(f"EvalSuite.mqar_gaps must be >= 0 and mqar_samples >= 1 (got {self.mqar_gaps}, "
+                             f"{mqar_samples})")
         self.lm_eval_include_path, self.lm_eval_limit = lm_eval_include_path, lm_eval_limit
         self.window, self.n_sink, self.convert_full_attention = window, n_sink, convert_full_attention
         self.window_includes_sinks = window_includes_sinks
@@ -139,7 +165,7 @@ class EvalSuite(Callback):
     @property
     def enabled(self) -> bool:
         return bool(self.niah_tasks or self.babilong_tasks or self.lm_eval_tasks or self.perplexity_len
-                    or self.recall_edges)
+                    or self.recall_edges or self.mqar_gaps)
 
     def check_model(self, arch) -> None:
         """The window override must fit the model's positions (ModelConfig.max_positions of a pretrained model); the
@@ -148,27 +174,53 @@ class EvalSuite(Callback):
             check_window(arch, self.window)
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        """Before fit or test does any work: the window override must fit the model's positions, and every NIAH
-        length must hold a task's needles and question with this tokenizer (otherwise a study arm failed only in its
-        test, after training)."""
-        self.check_model(pl_module.arch)
-        if not self.niah_tasks or trainer.datamodule is None:
+        """Before fit or test does any work: `check_settings` on the model's config and the data module."""
+        self.check_settings(pl_module.arch, trainer.datamodule)
+
+    def check_settings(self, arch, data) -> None:
+        """The window override must fit the positions of a model of config `arch`, the MQAR episodes' shape is
+        settled (from data.recall where not given) and checked, and every NIAH and generated BABILong length must hold
+        its task's story, needles and question with data's tokenizer (otherwise a study arm failed only in its test,
+        after training, or BABILong after NIAH had run)."""
+        self.check_model(arch)
+        if self.mqar_gaps:
+            self._settle_mqar_shape(getattr(data, "recall", None))
+        if data is None:
             return
-        generator = ruler.NIAHGenerator(trainer.datamodule.tokenizer, self.max_new_tokens, self.essay, self.seed)
+        tokenizer = data.tokenizer
+        niah = ruler.NIAHGenerator(tokenizer, self.max_new_tokens, self.essay, self.seed)
+        shortest = min(self.niah_lengths, default=0)
         for task in self.niah_tasks:
-            try:
-                generator.sample(task, min(self.niah_lengths), self.niah_depths[0], 0)
-            except ValueError as err:
-                raise ValueError(f"EvalSuite.niah_lengths: {err}") from None
+            _first_sample_fits("niah_lengths", lambda task=task: niah.sample(task, shortest, self.niah_depths[0], 0))
+        if self.babilong_data_dir:
+            return  # the official files: split names are checked at construction
+        stories = babilong.BabiLongGenerator(tokenizer, BABILONG_NEW_TOKENS, self.essay, self.seed)
+        for task in self.babilong_tasks:
+            for length in (n for n in self.babilong_lengths if n):  # 0: the facts alone, always fits
+                _first_sample_fits("babilong_lengths", lambda task=task, length=length: stories.sample(task, length, 0))
+
+    def _settle_mqar_shape(self, recall) -> None:
+        from swax_lightning.mqar import check_shape
+        from swax_lightning.recall_documents import RecallMix
+
+        trained = recall if getattr(recall, "kind", None) == "mqar" else RecallMix(kind="mqar")  # else the defaults
+        if self.mqar_pairs is None:
+            self.mqar_pairs = trained.pairs
+        if self.mqar_key_length is None:
+            self.mqar_key_length = trained.key_length
+        check_shape(self.mqar_pairs, self.mqar_key_length, max(self.mqar_gaps), "EvalSuite.mqar")
 
     def on_test_end(self, trainer, pl_module) -> None:
         if not self.enabled:
             return
         model, data = evaluation_model(trainer, pl_module), trainer.datamodule  # every rank: a gather under FSDP2
-        if model is None:  # not rank 0
+        if model is None:  # not rank 0: nothing from here needs it
             return
+        watchdog = getattr(trainer.strategy, "watchdog", None)
+        if watchdog is not None:  # rank 0 alone from here, with no collective: the suite may take hours
+            watchdog.rest("suite")
         was_training, window = model.training, model.window
-        results = self.evaluate(model, data, checkpoint_identity(trainer.ckpt_path, trainer.global_step),
+        results = self.evaluate(model, data, checkpoint_identity(trainer.ckpt_path),
                                 announce=True)
         out_dir = self._output_dir(trainer)
         write_reports(results, out_dir)
@@ -199,9 +251,10 @@ class EvalSuite(Callback):
         if self.perplexity_len:
             from swax_lightning.evals.perplexity import position_losses
 
-            val = data.blocks("val", self.perplexity_len + 1)
-            results["perplexity"] = position_losses(model, val, self.perplexity_len, self.perplexity_samples,
-                                                    self.chunk_len, data.meta.get("bytes_per_token", 1.0))
+            block = self.perplexity_len + 1
+            results["perplexity"] = position_losses(model, data.blocks("val", block), data.block_count("val", block),
+                                                    self.perplexity_len, self.perplexity_samples, self.chunk_len,
+                                                    data.meta.get("bytes_per_token", 1.0))
         if self.recall_edges:
             from swax_lightning.evals.recall_loss import recall_losses
 
@@ -209,6 +262,14 @@ class EvalSuite(Callback):
                                    progress=lambda jobs: tqdm(jobs, desc="recall by distance"))
             results["recall"] = {"buckets": recall["buckets"]}
             results["samples"] += recall["samples"]
+        if self.mqar_gaps:
+            from swax_lightning.evals.mqar import mqar_by_gap
+
+            mqar = mqar_by_gap(model, data.tokenizer, self.mqar_gaps, self.mqar_samples, self.mqar_pairs,
+                               self.mqar_key_length, self.seed, self.chunk_len,
+                               progress=lambda jobs: tqdm(jobs, desc="MQAR by gap"))
+            results["samples"] += mqar.pop("samples")
+            results["mqar"] = mqar
         if self.lm_eval_tasks:
             from swax_lightning.evals.lm_eval_adapter import run_lm_eval
 
@@ -224,6 +285,8 @@ class EvalSuite(Callback):
                 "niah_samples": self.niah_samples, "niah_depths": self.niah_depths,
                 "babilong_lengths": self.babilong_lengths, "babilong_samples": self.babilong_samples,
                 "recall_edges": self.recall_edges, "recall_samples": self.recall_samples,
+                "mqar_gaps": self.mqar_gaps, "mqar_samples": self.mqar_samples, "mqar_pairs": self.mqar_pairs,
+                "mqar_key_length": self.mqar_key_length,
                 "max_new_tokens": self.max_new_tokens, "seed": self.seed,
                 "convert_full_attention": self.convert_full_attention, "n_sink": self.n_sink,
                 "window_override": self.window, "window_includes_sinks": self.window_includes_sinks,

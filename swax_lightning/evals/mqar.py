@@ -1,0 +1,102 @@
+"""Associative recall by gap: MQAR accuracy and value loss, the evaluation `main.py test` runs for `eval.mqar_gaps`.
+
+For each gap, `samples` held-out episodes (swax_lightning/mqar.py: pairs, `gap` characters of filler, every key
+asked again) are read through the streaming inference (chunked prefill with each block's cache, at the model's
+current window, as every evaluation of the suite), teacher-forced; at each query the model's top prediction for the
+value, over the whole vocabulary, and its cross-entropy on the value are taken.
+
+Per gap: accuracy (%) with a 95% Wilson interval over the n queries, the mean value loss (nats) with a 95% normal
+interval over the episodes, and the reach [least, most] of its queries (tokens from a stated value to the value asked
+for: a window W sees the pair when W >= reach). References: a model that reads the pairs scores 100; one that knows
+only that a capital letter comes scores 1/26 = 3.8% (loss ln 26 = 3.26 at best); a guess among the episode's stated
+values (what remembering the values but not their keys allows), 1/pairs.
+
+Decisions:
+- n counts queries, as the accuracy is a share of them; the queries of one episode share its model state, so the
+  interval is somewhat narrower than one over independent queries. The loss interval is over episodes (the mean
+  value loss of each), the unit that is independent.
+- Episodes are tokenized piece by piece (Episode.pieces) and left-padded into batches; only the logits at the
+  queries are kept, chunk by chunk, so memory grows with the batch, not with the context.
+- Every episode is a sample of results.json: its values, the model's predictions, its score, its loss and the
+  arguments that regenerate its text (`python -m swax_lightning.evals.regenerate mqar ...`).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from swax_lightning.evals.reports import mean_interval, wilson_interval
+from swax_lightning.inference import left_pad, prefill
+from swax_lightning.mqar import VALUES, Episode, eval_episode
+
+BATCH = 32  # episodes per prefill call
+
+
+def encode_episode(tokenizer, ep: Episode) -> tuple[list[int], list[list[int]]]:
+    """(token ids, for each query the positions of its value's tokens), each piece tokenized alone."""
+    ids, value_positions = [], []
+    for piece, is_value in ep.pieces():
+        tokens = tokenizer.encode(piece)
+        if is_value:
+            value_positions.append(list(range(len(ids), len(ids) + len(tokens))))
+        ids += tokens
+    return ids, value_positions
+
+
+@torch.no_grad()
+def score_batch(model, tokenizer, episodes: list[Episode], chunk_len: int) -> list[dict]:
+    """Per episode: the model's predictions, the number right and the mean value loss."""
+    encoded = [encode_episode(tokenizer, ep) for ep in episodes]
+    device = next(model.parameters()).device
+    idx, positions = left_pad([ids for ids, _ in encoded], device)
+    pads = [idx.shape[1] - len(ids) for ids, _ in encoded]
+    wanted = sorted({pad + p - 1 for pad, (_, values) in zip(pads, encoded) for v in values for p in v})
+    caches = model.new_caches(len(episodes), dtype=next(model.parameters()).dtype)
+    kept = {}
+    for start in range(0, idx.shape[1], chunk_len):
+        end = min(start + chunk_len, idx.shape[1])
+        logits = prefill(model, idx[:, start:end], positions[:, start:end], caches, chunk_len, return_all=True)
+        here = [t for t in wanted if start <= t < end]
+        kept |= dict(zip(here, logits[:, [t - start for t in here]].float().clone().unbind(1)))
+    out = []
+    for b, (pad, (ids, values)) in enumerate(zip(pads, encoded)):
+        predictions, losses, right = [], [], 0
+        for positions_of_value in values:
+            logits = torch.stack([kept[pad + p - 1][b] for p in positions_of_value])
+            target = torch.tensor([ids[p] for p in positions_of_value], device=device)
+            top = logits.argmax(-1)
+            predictions.append(tokenizer.decode(top.tolist()))
+            losses.append(float(F.cross_entropy(logits, target)))
+            right += bool((top == target).all())
+        out.append({"predictions": predictions, "correct": right, "loss": sum(losses) / len(losses)})
+    return out
+
+
+def mqar_by_gap(model, tokenizer, gaps: list[int], samples: int, pairs: int, key_length: int, seed: int = 0,
+                chunk_len: int = 2048, progress=None) -> dict:
+    """{"gaps": [{gap, reach, accuracy, accuracy_ci95, loss, loss_ci95, n, episodes}], "episode" and "chance" (what
+    the report says of them), "samples": [one per episode]}."""
+    jobs = [(gap, start) for gap in gaps for start in range(0, samples, BATCH)]
+    rows = []
+    for gap, start in progress(jobs) if progress else jobs:
+        episodes = [eval_episode(gap, i, pairs, key_length, seed) for i in range(start, min(start + BATCH, samples))]
+        for i, ep, scored in zip(range(start, samples), episodes, score_batch(model, tokenizer, episodes, chunk_len)):
+            rows.append({"eval": "mqar", "gap": gap, "index": i, "reach": [min(ep.reaches), max(ep.reaches)],
+                         "references": "".join(ep.values), "prediction": "".join(scored["predictions"]),
+                         "score": 100.0 * scored["correct"] / len(ep.values), "queries": len(ep.values),
+                         "loss": scored["loss"], "regenerate": f"mqar {pairs}x{key_length} {gap} {i}"})
+    return {"gaps": [_cell(gap, [r for r in rows if r["gap"] == gap]) for gap in gaps],
+            "episode": f"{samples} held-out episodes per gap, each {pairs} pairs of {key_length}-letter keys and "
+                       f"one-letter values (swax_lightning/mqar.py)",
+            "chance": f"{100 / len(VALUES):.1f}% knowing only the values' alphabet, {100 / pairs:.1f}% guessing "
+                      f"among the episode's stated values (which a memory of the values alone, not of their keys, "
+                      f"allows)", "samples": rows}
+
+
+def _cell(gap: int, rows: list[dict]) -> dict:
+    queries = sum(r["queries"] for r in rows)
+    accuracy = sum(r["score"] * r["queries"] for r in rows) / queries
+    loss, loss_ci95 = mean_interval([r["loss"] for r in rows])
+    return {"gap": gap, "reach": [min(r["reach"][0] for r in rows), max(r["reach"][1] for r in rows)],
+            "accuracy": accuracy, "accuracy_ci95": wilson_interval(accuracy, queries), "loss": loss,
+            "loss_ci95": loss_ci95, "n": queries, "episodes": len(rows)}

@@ -1,0 +1,31 @@
+"""Scoring given text: the log-probability of each token after everything before it, and whether it is the model's
+greedy choice. The one scorer behind every evaluation that reads text teacher-forced: loss by position
+(perplexity.py), answer loss by recall distance (recall_loss.py) and lm-evaluation-harness log-likelihoods
+(lm_eval_adapter.py).
+
+Decision: the text goes through the streaming inference chunk by chunk with the per-layer state carried
+(inference.py), so only one chunk's logits exist at a time and a text of any length fits in bounded memory; the
+result is the same as one whole-sequence forward (tested there).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from swax_lightning.kernels.util import fp32
+
+
+@torch.no_grad()
+def token_scores(model, idx: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor,
+                 chunk_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log p(targets[b, t] | idx[b, :t+1]) as fp64 [B, T], whether each target is the arg-max [B, T]) for inputs
+    idx [B, T] at absolute positions [B, T] (a batch left-padded by inference.left_pad, or one text)."""
+    caches = model.new_caches(idx.shape[0], dtype=next(model.parameters()).dtype)
+    logprob = torch.empty(targets.shape, dtype=torch.float64, device=idx.device)
+    greedy = torch.empty(targets.shape, dtype=torch.bool, device=idx.device)
+    for start in range(0, idx.shape[1], chunk_len):
+        span = slice(start, start + chunk_len)
+        logprobs = F.log_softmax(fp32(model(idx[:, span], caches, positions[:, span])), -1)
+        logprob[:, span] = logprobs.gather(-1, targets[:, span, None])[..., 0].double()
+        greedy[:, span] = logprobs.argmax(-1) == targets[:, span]
+    return logprob, greedy
