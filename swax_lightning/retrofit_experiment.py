@@ -77,6 +77,9 @@ class EvaluationConfig:
         sinks: Sink counts s of the SWA variants (each with every window).
         window_includes_sinks: The window's convention (false: w recent keys plus the s sinks; true: w keys in all).
         choice_items: Items per generated multiple-choice task (evals/choice.py); 0 = none.
+        precision: The weights of every evaluated variant (the same for all): fp32, or bf16 (faster on GPUs). On 2
+            AVX-512 BF16 cores bf16 prefilled about a fifth faster, but the attention models' decode steps ran 2-8x
+            slower than in fp32 (the recurrent students' about 1.5x faster), and 7 of the 9 variants are attention.
         suite: EvalSuite arguments (niah_*, babilong_*, perplexity_*, max_new_tokens, chunk_len, seed, essay_file);
             the window settings and the multiple-choice tasks are set per variant.
     """
@@ -85,6 +88,7 @@ class EvaluationConfig:
     sinks: list = field(default_factory=lambda: [4, 0])
     window_includes_sinks: bool = False
     choice_items: int = 20
+    precision: str = "fp32"
     suite: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -93,6 +97,7 @@ class EvaluationConfig:
         require(all(isinstance(s, int) and s >= 0 for s in self.sinks), "evaluate.sinks",
                 "must be whole numbers >= 0", self.sinks)
         require(self.choice_items >= 0, "evaluate.choice_items", "must be >= 0", self.choice_items)
+        require(self.precision in PRECISIONS, "evaluate.precision", f"must be one of {PRECISIONS}", self.precision)
         fixed = sorted(set(self.suite) & set(SUITE_FIXED))
         require(not fixed, "evaluate.suite", f"must not set {fixed} (set per variant)", self.suite)
         self.make_suite()  # the suite's own checks, now
@@ -115,8 +120,8 @@ class ExperimentConfig:
         out: The experiment's folder.
         import_dir: An existing import to use instead (its checkpoints/last.ckpt); empty = <out>/import.
         device: cpu or cuda.
-        precision: bf16 (training forwards under bf16 autocast with fp32 weights; evaluation of bf16 weights: several
-            times faster on GPUs and on CPUs with AVX-512 BF16, and the same for every variant) or fp32.
+        precision: Of the retrofit's training: bf16 (forwards under bf16 autocast, fp32 weights and optimizer: faster
+            on GPUs and on CPUs with AVX-512 BF16) or fp32. The evaluation's is evaluate.precision.
         seed: Seed of the students' new weights, the data order and the adapters.
         data: TextDataModule arguments for the training text (source, seq_len, batch_size, recall, data_dir...); the
             tokenizer is always the model's own.
@@ -402,7 +407,7 @@ def evaluate_variant(cfg: ExperimentConfig, variant: Variant, ckpt: Path, data, 
         return "done before"
     start = time.perf_counter()
     model, _ = load_model(ckpt, cfg.device)
-    if cfg.bf16:
+    if cfg.evaluate.precision == "bf16":
         model.to(torch.bfloat16)
     suite = variant_suite(cfg, variant, choice_dir)
     generations: list[dict] = []

@@ -191,7 +191,8 @@ def header_lines(folder: Path) -> list[str]:
             f"Model: {cfg.get('source', '?')}; students: {students}; SWA windows "
             f"{evaluate.get('windows')} with sinks {evaluate.get('sinks')} (window_includes_sinks "
             f"{evaluate.get('window_includes_sinks')}).\n",
-            f"Precision {cfg.get('precision')}, device {cfg.get('device')}. Time: {wall / 60:.1f} min in all "
+            f"Precision: training {cfg.get('precision')}, evaluation {evaluate.get('precision')}; device "
+            f"{cfg.get('device')}. Time: {wall / 60:.1f} min in all "
             f"(minutes per step: {steps}); CPU time {cpu / 60:.1f} min on {threads} threads.\n"]
 
 

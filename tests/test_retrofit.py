@@ -248,8 +248,8 @@ def experiment_config(folder: Path, source: str, **changes) -> Path:
             "niah_tasks": ["niah_single_2"], "niah_lengths": [640], "niah_depths": [0.25, 0.75], "niah_samples": 2,
             "babilong_tasks": ["qa1"], "babilong_lengths": [0], "babilong_samples": 1, "perplexity_len": 128,
             "perplexity_samples": 1, "max_new_tokens": 8}}}
-    for key, value in changes.items():
-        settings[key] = value if not isinstance(value, dict) else {**settings.get(key, {}), **value}
+    for key, value in changes.items():  # a section's fields are merged one level deep; students are replaced
+        settings[key] = {**settings[key], **value} if key in ("data", "transfer", "lora", "evaluate") else value
     (folder / "text").mkdir(exist_ok=True)
     for i in range(10):
         (folder / "text" / f"doc{i}.txt").write_text(f"Document {i}. " + "The grass is green. The sky is blue. " * 40)
