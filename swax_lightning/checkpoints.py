@@ -32,6 +32,7 @@ import argparse
 import warnings
 from pathlib import Path
 
+import lightning
 import torch
 from lightning.pytorch.callbacks import Callback
 
@@ -165,6 +166,18 @@ def model_from_checkpoint(checkpoint: dict, source: str | Path):
     module.on_load_checkpoint(checkpoint)
     module.load_state_dict(checkpoint["state_dict"])
     return module.model.eval(), checkpoint_tokenizer(checkpoint, source)
+
+
+def model_checkpoint(state: dict, cfg, data: dict, **extra) -> dict:
+    """The checkpoint of a model made outside `main.py fit` (an import, a retrofit), as fit writes it, so that
+    load_model, `main.py test`, generate and export read it: the weights `state` (SWAXModel's names) under `model.`,
+    LanguageModule's hyper-parameters for the ModelConfig `cfg`, `data` as TextDataModule records its
+    hyper-parameters (the tokenizer file and its fingerprint at least), and any `extra` entries (provenance)."""
+    from swax_lightning.module import LanguageModule  # the module builds models; it does not write files
+
+    return {"state_dict": {f"model.{name}": tensor for name, tensor in state.items()},
+            "hyper_parameters": dict(LanguageModule(arch=cfg).hparams), "datamodule_hyper_parameters": data,
+            "pytorch-lightning_version": lightning.__version__, "epoch": 0, "global_step": 0, **extra}
 
 
 def load_model(ckpt_path: str | Path, device: str = "cpu"):

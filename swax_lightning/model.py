@@ -180,12 +180,13 @@ class SWAXModel(nn.Module):
         return [block.mixer.new_cache(batch, dtype, device) for block in self.blocks]
 
     def forward(self, idx: torch.Tensor, caches: list | None = None, positions: torch.Tensor | None = None,
-                targets: torch.Tensor | None = None) -> torch.Tensor:
+                targets: torch.Tensor | None = None, last_only: bool = False) -> torch.Tensor:
         """idx [B, T] token ids -> logits [B, T, vocab] in fp32. Streaming: per-block caches (new_caches) and the
         tokens' absolute positions [B, T] (negative for left padding); the caches are updated in place.
         targets [B, T]: returns instead the mean next-token loss, computed by the chunked soft-capped cross-entropy
         (kernels/ce/chunked.py) so the [B, T, vocab] logits never exist; it runs here, inside the model's forward,
-        so a sharded LM head is gathered for it."""
+        so a sharded LM head is gathered for it. last_only: the logits of the last position only, [B, 1, vocab] (a
+        prefill chunk needs no others; the LM head is a fifth of a small model's work per token)."""
         x = self.embed(idx)
         for i, block in enumerate(self.blocks):
             x = block(x, None if caches is None else caches[i], positions)
@@ -193,6 +194,8 @@ class SWAXModel(nn.Module):
             h = self.norm(x)
             return softcap_cross_entropy_chunked(h.reshape(-1, h.shape[-1]), self.lm_head.weight,
                                                  targets.reshape(-1), self.cfg.logit_soft_cap)
+        if last_only:
+            x = x[:, -1:]
         return soft_cap(fp32(self.lm_head(self.norm(x))), self.cfg.logit_soft_cap)
 
 

@@ -160,6 +160,7 @@ class EvalSuite(Callback):
         self.essay_file = essay_file
         self.essay = Path(essay_file).read_text() if essay_file else None
         self.output_dir = output_dir
+        self._on_generation = None
 
     @property
     def enabled(self) -> bool:
@@ -173,16 +174,20 @@ class EvalSuite(Callback):
             check_window(arch, self.window)
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        """Before fit or test does any work: the window override must fit the model's positions, the MQAR episodes'
-        shape is settled (from data.recall where not given) and checked, and every NIAH and generated BABILong length
-        must hold its task's story, needles and question with this tokenizer (otherwise a study arm failed only in its
-        test, after training, or BABILong after NIAH had run)."""
-        self.check_model(pl_module.arch)
+        """Before fit or test does any work: `check_settings` on the model's config and the data module."""
+        self.check_settings(pl_module.arch, trainer.datamodule)
+
+    def check_settings(self, arch, data) -> None:
+        """The window override must fit the positions of a model of config `arch`, the MQAR episodes' shape is
+        settled (from data.recall where not given) and checked, and every NIAH and generated BABILong length must hold
+        its task's story, needles and question with data's tokenizer (otherwise a study arm failed only in its test,
+        after training, or BABILong after NIAH had run)."""
+        self.check_model(arch)
         if self.mqar_gaps:
-            self._settle_mqar_shape(getattr(trainer.datamodule, "recall", None))
-        if trainer.datamodule is None:
+            self._settle_mqar_shape(getattr(data, "recall", None))
+        if data is None:
             return
-        tokenizer = trainer.datamodule.tokenizer
+        tokenizer = data.tokenizer
         niah = ruler.NIAHGenerator(tokenizer, self.max_new_tokens, self.essay, self.seed)
         shortest = min(self.niah_lengths, default=0)
         for task in self.niah_tasks:
@@ -215,11 +220,30 @@ class EvalSuite(Callback):
         if watchdog is not None:  # rank 0 alone from here, with no collective: the suite may take hours
             watchdog.rest("suite")
         was_training, window = model.training, model.window
+        results = self.evaluate(model, data, checkpoint_identity(trainer.ckpt_path),
+                                announce=True)
+        out_dir = self._output_dir(trainer)
+        write_reports(results, out_dir)
+        print(f"{markdown(results, with_settings=False)}\nevaluation reports: {out_dir}/ (results.json with every "
+              f"sample, results.md, plots)", flush=True)
+        self._log(trainer, results, out_dir)
+        if window is not None:
+            model.set_window(window)
+        model.train(was_training)
+
+    def evaluate(self, model, data, checkpoint: dict | None = None, announce: bool = False,
+                 on_generation=None) -> dict:
+        """Every configured evaluation of `model` (put in eval mode, with this suite's window and sink overrides
+        applied to it) on `data` (a TextDataModule: its tokenizer, its validation shards for the loss by position):
+        the results dict the reports are written from. announce: print the cost estimate first.
+        on_generation(eval, length, stats): called after every generated answer with generate's stats (its prefill
+        and decode seconds, the bytes its caches held); timings stay out of the results, which are deterministic."""
         model.eval()
         override_attention(model, self.window, self.n_sink, self.convert_full_attention, self.window_includes_sinks)
-        print(estimate(self, model), flush=True)
-        results = {"settings": self._settings(model, data.tokenizer)
-                   | {"checkpoint": checkpoint_identity(trainer.ckpt_path)}, "samples": []}
+        if announce:
+            print(estimate(self, model), flush=True)
+        self._on_generation = on_generation
+        results = {"settings": self._settings(model, data.tokenizer) | {"checkpoint": checkpoint}, "samples": []}
         if self.niah_tasks:
             results["niah"] = self._run_niah(model, data.tokenizer, results["samples"])
         if self.babilong_tasks:
@@ -251,14 +275,7 @@ class EvalSuite(Callback):
 
             results["lm_eval"] = run_lm_eval(model, data.tokenizer, self.lm_eval_tasks, self.lm_eval_include_path,
                                              self.lm_eval_limit, self.chunk_len)
-        out_dir = self._output_dir(trainer)
-        write_reports(results, out_dir)
-        print(f"{markdown(results, with_settings=False)}\nevaluation reports: {out_dir}/ (results.json with every "
-              f"sample, results.md, plots)", flush=True)
-        self._log(trainer, results, out_dir)
-        if window is not None:
-            model.set_window(window)
-        model.train(was_training)
+        return results
 
     def _settings(self, model, tokenizer) -> dict:
         regenerate = (f"python -m swax_lightning.evals.regenerate --tokenizer {tokenizer.name} --seed {self.seed} "
@@ -277,8 +294,12 @@ class EvalSuite(Callback):
                 "haystack": "essay_file" if self.essay_file else "generated prose (swax_lightning/evals/essay.py)",
                 "regenerate": regenerate}
 
-    def _generate(self, model, tokenizer, text: str, max_new_tokens: int) -> str:
-        return continue_texts(model, tokenizer, [text], max_new_tokens, chunk_len=self.chunk_len)[0]
+    def _generate(self, model, tokenizer, text: str, max_new_tokens: int, evaluation: str, length) -> str:
+        stats = {} if self._on_generation else None
+        prediction = continue_texts(model, tokenizer, [text], max_new_tokens, chunk_len=self.chunk_len, stats=stats)[0]
+        if self._on_generation:
+            self._on_generation(evaluation, length, stats)
+        return prediction
 
     def _niah_jobs(self) -> list[tuple[str, int, int, float]]:
         """(task, length, index, depth) of every NIAH sample: each task, at each length, takes every depth
@@ -292,7 +313,7 @@ class EvalSuite(Callback):
         scores = defaultdict(list)
         for task, length, i, depth in tqdm(self._niah_jobs(), desc="RULER NIAH"):
             sample = generator.sample(task, length, depth, i)
-            prediction = self._generate(model, tokenizer, sample.input_text, self.max_new_tokens)
+            prediction = self._generate(model, tokenizer, sample.input_text, self.max_new_tokens, "niah", length)
             score = ruler.string_match_all(prediction, sample.references)
             scores[(task, length, depth)].append(score)
             samples.append({"eval": "niah", "task": task, "length": length, "depth": depth, "index": i,
@@ -316,7 +337,8 @@ class EvalSuite(Callback):
             for length in self.babilong_lengths:
                 column, items = self._babilong_items(generator, task, length)
                 for item in tqdm(items, desc=f"BABILong {task} {column}", leave=False):
-                    prediction = self._generate(model, tokenizer, item.input_text, BABILONG_NEW_TOKENS)
+                    prediction = self._generate(model, tokenizer, item.input_text, BABILONG_NEW_TOKENS, "babilong",
+                                                column)
                     score = 100.0 * babilong.babilong_score(prediction, item.target, item.question, task)
                     scores[(task, column, None)].append(score)
                     record = {"eval": "babilong", "task": task, "length": column, "index": item.index,

@@ -108,7 +108,7 @@ def run_suite_niah(suite, window: int | None) -> tuple[dict, list]:
     can read: in the last `window` tokens of the prompt, or in all of it (window None)."""
     from swax_lightning.evals import suite as suite_module
 
-    def continue_texts(model, tokenizer, texts, max_new_tokens, chunk_len):
+    def continue_texts(model, tokenizer, texts, max_new_tokens, **decoding):  # inference.continue_texts' signature
         seen = [TOK.decode(TOK.encode(text)[-window:]) if window else text for text in texts]
         return [oracle(text, QUESTION_RE.findall(text)[-1]) if QUESTION_RE.search(text) else "" for text in seen]
 

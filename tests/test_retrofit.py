@@ -1,0 +1,340 @@
+"""The LoLCATs-style retrofit (swax_lightning/retrofit.py) and the comparison command around it
+(retrofit_experiment.py), on a random small Llama imported through swax-import (GQA: 4 query heads, 2 key/value
+heads), so they run without the real model:
+
+- the converted model keeps every teacher weight that has a counterpart: pattern A is the teacher exactly; students
+  start from the teacher's q/k/v/o, key/value heads repeated as transformers' repeat_kv repeats them;
+- attention transfer lowers every student's error against its teacher layer on held-out text, and its output-scale
+  calibration is the least-squares one;
+- LoRA with B = 0 leaves the logits exactly unchanged, and merging keeps what the adapters compute;
+- both stages resume exactly from their saved progress;
+- the converted checkpoint loads through load_model and runs through the generate command;
+- the experiment command as printed: every variant evaluated and reported, a second run skips what finished, a
+  removed result is evaluated again, SWA with a window longer than every multiple-choice prompt scores exactly what
+  full attention scores, a bad config field is one line; and on the real SmolLM2 (skipped without the package).
+
+Skipped without transformers.
+"""
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+transformers = pytest.importorskip("transformers")
+
+from swax_lightning import hf_import, retrofit  # noqa: E402
+from swax_lightning.checkpoints import load_model  # noqa: E402
+from swax_lightning.evals.essay import generated_essay  # noqa: E402
+from swax_lightning.lora import LoRALinear, add_lora, merge_lora  # noqa: E402
+from swax_lightning.retrofit_experiment import check_variants, read_config, write_converted  # noqa: E402
+from tests.hf_models import make_pretrained  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+T = 64
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+    """(model, checkpoint) of a random Llama (llama3 RoPE, tied embeddings, 4/2 heads, 2 layers) imported."""
+    root = tmp_path_factory.mktemp("teacher")
+    make_pretrained(root / "llama", "llama_llama3_tied", seed=2, max_position_embeddings=2048)
+    ckpt = hf_import.import_pretrained(root / "llama", root / "import")
+    return load_model(ckpt)[0], ckpt
+
+
+def ids(batch: int = 1, length: int = T, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 258, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+TEXT = torch.tensor(list(generated_essay(seed=0).encode()[:100_000]))
+
+
+def text_batches(seed: int):
+    """Endless batches [2, T + 1] of byte ids of prose at seeded random places: text gives the teacher's attention
+    patterns a student can learn (on random ids a random teacher attends by position only)."""
+    generator = torch.Generator().manual_seed(seed)
+    while True:
+        starts = torch.randint(0, len(TEXT) - T - 1, (2,), generator=generator)
+        yield torch.stack([TEXT[s:s + T + 1] for s in starts.tolist()])
+
+
+# ---- the converted model --------------------------------------------------------------------------------------------
+def test_a_pattern_that_keeps_every_attention_layer_is_the_teacher_exactly(teacher):
+    model, _ = teacher
+    kept = retrofit.converted_model(model, "A", seed=0)
+    with torch.no_grad():
+        assert torch.equal(kept(ids()), model(ids()))
+
+
+@pytest.mark.parametrize("pattern", ["D", "X"])
+def test_students_start_from_the_teachers_projections(teacher, pattern):
+    """q, k, v of a student equal the teacher's projections of the same input, key/value heads repeated per query
+    head as transformers' repeat_kv does (GQA); out_proj is the teacher's o_proj; everything outside the mixers is the
+    teacher's; a per-layer pattern keeps the attention layers it names."""
+    from transformers.models.llama.modeling_llama import repeat_kv
+
+    model, _ = teacher
+    converted = retrofit.converted_model(model, pattern + "A", seed=0)
+    student, attention = converted.blocks[0].mixer, model.blocks[0].mixer
+    assert student.q_proj.weight.shape == (4 * 16, 64) and attention.k_proj.weight.shape == (2 * 16, 64)
+    x = torch.randn(1, 5, 64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for name in ("k_proj", "v_proj"):
+            teacher_heads = getattr(attention, name)(x).view(1, 5, 2, 16).transpose(1, 2)  # [B, kv, T, D]
+            expected = repeat_kv(teacher_heads, 2).transpose(1, 2).reshape(1, 5, 64)
+            assert torch.equal(getattr(student, name)(x), expected)
+        assert torch.equal(student.q_proj(x), attention.q_proj(x))
+    assert torch.equal(student.out_proj.weight, attention.out_proj.weight)
+    assert converted.blocks[1].kind == "A" and torch.equal(converted.blocks[1].mixer.k_proj.weight,
+                                                           model.blocks[1].mixer.k_proj.weight)
+    teacher_state = model.state_dict()
+    for name, tensor in converted.state_dict().items():
+        if not name.startswith("blocks.0.mixer."):
+            assert torch.equal(tensor, teacher_state[name]), name
+    with torch.no_grad():
+        assert converted(ids()).shape == (1, T, model.cfg.vocab_size)
+
+
+def test_a_teacher_that_is_not_full_attention_or_a_wrong_letter_is_refused(teacher):
+    model, _ = teacher
+    with pytest.raises(retrofit.ConfigError, match="letters must be from"):
+        retrofit.converted_model(model, "DS")
+    converted = retrofit.converted_model(model, "D")
+    with pytest.raises(retrofit.ConfigError, match="must be a full-attention model"):
+        retrofit.converted_model(converted, "D")
+
+
+# ---- stage 1: attention transfer ------------------------------------------------------------------------------------
+def test_calibration_is_the_least_squares_scale(teacher):
+    model, _ = teacher
+    student = retrofit.converted_model(model, "X", seed=0)
+    inputs, outputs = retrofit.mixer_io(model, next(text_batches(5)))
+    with torch.no_grad():
+        before = [float(retrofit.relative_mse(student.blocks[i].mixer(inputs[i]), outputs[i])) for i in range(2)]
+    assert len(retrofit.calibrate_output_scale(student, inputs, outputs)) == 2
+    for i in range(2):
+        s = student.blocks[i].mixer(inputs[i]).detach()
+        after = float(retrofit.relative_mse(s, outputs[i]))
+        cos2 = float((s * outputs[i]).sum() ** 2 / (s.pow(2).sum() * outputs[i].pow(2).sum()))
+        assert after == pytest.approx(1 - cos2, abs=1e-4) and after <= min(1.0, before[i]) + 1e-6
+        for nudge in (0.9, 1.1):  # a least-squares optimum: no other scale does better
+            assert after <= float(retrofit.relative_mse(s * nudge, outputs[i])) + 1e-7
+
+
+def test_attention_transfer_lowers_the_held_out_layer_error(teacher, tmp_path):
+    model, _ = teacher
+    students = {"gdn": retrofit.converted_model(model, "D", seed=0), "mlstm": retrofit.converted_model(model, "X")}
+    held_out = next(text_batches(99))[:1]
+    before = {name: retrofit.transfer_errors(model, s, held_out) for name, s in students.items()}
+    cfg = retrofit.TransferConfig(tokens=60 * 2 * T, lr=1e-2)
+    losses = retrofit.attention_transfer(model, students, text_batches(0), 60, cfg, tmp_path / "p.pt",
+                                         lambda *_: None)
+    for name, s in students.items():
+        after = retrofit.transfer_errors(model, s, held_out)
+        print(f"{name}: held-out relative MSE per layer {before[name]} -> {after}; train {losses[name][0]:.3f} -> "
+              f"{losses[name][-1]:.3f}")
+        assert all(a < 0.75 * b for a, b in zip(after, before[name]))
+        assert not any(p.requires_grad for p in s.parameters())
+    assert not (tmp_path / "p.pt").exists()
+
+
+def run_interrupted(stage, interrupt_at: int):
+    """stage(log) run with log raising at step interrupt_at (as a killed process), then run again (a new process:
+    stage builds its model afresh each time) to the end: the second run resumes from the saved progress."""
+    class Stop(Exception):
+        pass
+
+    def stopping(*args):
+        if args[-2] == interrupt_at:
+            raise Stop
+
+    with pytest.raises(Stop):
+        stage(stopping)
+    return stage(lambda *_: None)
+
+
+def assert_same_weights(a, b) -> None:
+    for name, tensor in a.state_dict().items():
+        assert torch.equal(tensor, b.state_dict()[name]), name
+
+
+def test_attention_transfer_resumes_exactly(teacher, tmp_path):
+    model, _ = teacher
+    cfg = retrofit.TransferConfig(tokens=6 * 2 * T, lr=1e-2, save_every=2)
+
+    def stage(progress: Path):
+        def run(log):
+            students = {"gdn": retrofit.converted_model(model, "D")}
+            losses = retrofit.attention_transfer(model, students, text_batches(1), 6, cfg, progress, log)
+            return losses, students["gdn"]
+        return run
+
+    expected, whole = stage(tmp_path / "a.pt")(lambda *_: None)
+    losses, resumed = run_interrupted(stage(tmp_path / "b.pt"), interrupt_at=5)  # saved after 4 steps
+    assert losses == expected
+    assert_same_weights(whole, resumed)
+
+
+# ---- stage 2: LoRA ---------------------------------------------------------------------------------------------------
+def test_lora_with_zero_b_changes_nothing_and_merging_keeps_what_it_computes(teacher):
+    model, _ = teacher
+    converted = retrofit.converted_model(model, "X", seed=0)
+    with torch.no_grad():
+        before = converted(ids())
+        names = add_lora(converted.blocks[0].mixer, rank=4, alpha=8, seed=0)
+        assert set(names) == {"q_proj", "k_proj", "v_proj", "igate", "fgate", "ogate", "out_proj"}
+        assert torch.equal(converted(ids()), before)
+        for module in converted.modules():
+            if isinstance(module, LoRALinear):
+                module.lora_b.normal_(0, 0.1, generator=torch.Generator().manual_seed(1))
+        adapted = converted(ids())
+        assert merge_lora(converted) == len(names)
+        merged = converted(ids())
+    assert (adapted - before).abs().max() > 1e-2  # the adapters do change the model: the test can fail
+    torch.testing.assert_close(merged, adapted, atol=1e-5, rtol=0)
+    assert not any(isinstance(m, LoRALinear) for m in converted.modules())
+    assert converted.state_dict().keys() == retrofit.converted_model(model, "X").state_dict().keys()
+
+
+def test_lora_finetune_lowers_the_loss_and_resumes_exactly(teacher, tmp_path):
+    model, _ = teacher
+    cfg = retrofit.LoRAConfig(tokens=6 * 2 * T, rank=4, lr=1e-2, save_every=2)
+
+    def stage(progress: Path):
+        def run(log):
+            converted = retrofit.converted_model(model, "D")
+            return retrofit.lora_finetune(converted, text_batches(2), 6, cfg, progress, log), converted
+        return run
+
+    expected, whole = stage(tmp_path / "a.pt")(lambda *_: None)
+    losses, resumed = run_interrupted(stage(tmp_path / "b.pt"), interrupt_at=3)  # saved after 2 steps
+    assert losses == expected and expected[-1] < expected[0]
+    assert_same_weights(whole, resumed)
+
+
+# ---- the converted checkpoint ---------------------------------------------------------------------------------------
+def test_the_converted_checkpoint_loads_and_generates(teacher, tmp_path):
+    model, teacher_ckpt = teacher
+    converted = retrofit.converted_model(model, "DX", seed=0)
+    ckpt = write_converted(converted, teacher_ckpt, tmp_path / "gdn", {"transfer": {"tokens": 0}})
+    loaded, tokenizer = load_model(ckpt)
+    assert loaded.cfg.layer_kinds == "DX" and tokenizer.fingerprint == load_model(teacher_ckpt)[1].fingerprint
+    with torch.no_grad():
+        assert torch.equal(loaded(ids()), converted(ids()))
+    result = subprocess.run([sys.executable, "-m", "swax_lightning.generate", "--ckpt_path", str(ckpt), "--prompt",
+                             "The grass is", "--max_new_tokens", "5"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0 and "The grass is" in result.stdout, result.stderr[-2000:]
+    config = yaml.safe_load((tmp_path / "gdn" / "config.yaml").read_text())
+    assert config["model"]["arch"]["pattern"] == "DX"
+
+
+# ---- the experiment command ------------------------------------------------------------------------------------------
+def experiment_config(folder: Path, source: str, **changes) -> Path:
+    """A few-step experiment: the smallest budgets and evaluation grid that run every part."""
+    settings = {
+        "source": source, "out": str(folder / "run"),
+        "data": {"source": str(folder / "text"), "seq_len": T, "batch_size": 2, "val_fraction": 0.2,
+                 "test_fraction": 0.2},
+        "students": {"gdn": {"pattern": "D"}, "mlstm": {"pattern": "X"}},
+        "transfer": {"tokens": 4 * 2 * T, "save_every": 2}, "lora": {"tokens": 2 * 2 * T, "save_every": 1},
+        "evaluate": {"windows": [16, 1024], "sinks": [4, 0], "choice_items": 3, "suite": {
+            "niah_tasks": ["niah_single_2"], "niah_lengths": [640], "niah_depths": [0.25, 0.75], "niah_samples": 2,
+            "babilong_tasks": ["qa1"], "babilong_lengths": [0], "babilong_samples": 1, "perplexity_len": 128,
+            "perplexity_samples": 1, "max_new_tokens": 8}}}
+    for key, value in changes.items():  # a section's fields are merged one level deep; students are replaced
+        settings[key] = {**settings[key], **value} if key in ("data", "transfer", "lora", "evaluate") else value
+    (folder / "text").mkdir(exist_ok=True)
+    for i in range(10):
+        (folder / "text" / f"doc{i}.txt").write_text(f"Document {i}. " + "The grass is green. The sky is blue. " * 40)
+    path = folder / "experiment.yaml"
+    path.write_text(yaml.safe_dump(settings))
+    return path
+
+
+def run_experiment(config: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "swax_lightning.retrofit", "run", str(config), *extra], cwd=ROOT,
+                          capture_output=True, text=True, timeout=1200)
+
+
+@pytest.mark.slow
+def test_the_experiment_command_evaluates_every_variant_and_resumes(tmp_path):
+    make_pretrained(tmp_path / "llama", "llama_linear", seed=3, max_position_embeddings=2048)
+    config = experiment_config(tmp_path, str(tmp_path / "llama"))
+    first = run_experiment(config)
+    assert first.returncode == 0, first.stderr[-3000:]
+    out = tmp_path / "run"
+    names = ["full", "swa16-sink4", "swa1024-sink4", "swa16-sink0", "swa1024-sink0", "retrofit-gdn",
+             "retrofit-mlstm"]
+    report = (out / "report.md").read_text()
+    assert all(f"| {name} |" in report for name in names) and "SWA with sinks over the best retrofit" in report
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["window"] for r in summary["ratios"]] == [16, 1024]
+    variants = summary["variants"]
+    for name in names:
+        assert variants[name]["niah_all"]["n"] == 2 and variants[name]["babilong_all"]["n"] == 1
+        assert variants[name]["choice"]["mean"]["n"] == 4 * 3
+        assert (out / "tensorboard" / name).is_dir()
+    # A window longer than every multiple-choice prompt is full attention: exactly the same log-likelihoods.
+    assert variants["swa1024-sink0"]["choice"] == variants["full"]["choice"]
+    transfer = json.loads((out / "students" / "gdn" / "transfer.json").read_text())
+    assert transfer["tokens"] == 4 * 2 * T and transfer["steps"] == 4
+    assert load_model(out / "students" / "mlstm" / "checkpoints" / "last.ckpt")[0].cfg.pattern == "X"
+    for name in ("png", "md"):
+        assert list(out.glob(f"*.{name}"))
+    # A second run skips everything; a removed result is evaluated again.
+    (out / "variants" / "retrofit-gdn" / "variant.json").unlink()
+    second = run_experiment(config)
+    assert second.returncode == 0, second.stderr[-3000:]
+    statuses = dict(re.findall(r"^\[ *\d+ s\] (\S+): (.*)$", second.stdout, flags=re.M))
+    assert statuses.pop("retrofit-gdn").startswith("evaluated") and set(statuses.values()) == {"done before"}
+    assert "attention transfer of" not in second.stdout and "LoRA of" not in second.stdout
+
+
+def test_a_bad_experiment_field_is_one_line(tmp_path):
+    config = experiment_config(tmp_path, "smollm2", transfer={"tokens": 0})
+    for path, words in ((config, ("transfer.tokens", "must be >= 1")), (tmp_path / "missing.yaml", ("not found",))):
+        result = run_experiment(path)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+        lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+        assert len(lines) == 1 and all(w in lines[0] for w in words), result.stderr
+    (tmp_path / "typo.yaml").write_text(yaml.safe_dump({"lora": {"rnak": 4}}))
+    result = run_experiment(tmp_path / "typo.yaml")
+    assert result.returncode == 2 and "lora.rnak: unknown field" in result.stderr
+
+
+def test_a_window_beyond_the_teachers_positions_is_refused_before_any_training(teacher, tmp_path):
+    """check_variants runs at start-up, before the retrofits train: a window longer than the imported model's
+    positions (2,048 here) is one line naming the variant and the window."""
+    _, teacher_ckpt = teacher
+    cfg = read_config(experiment_config(tmp_path, "unused", evaluate={"windows": [16, 4096]}))
+    with pytest.raises(retrofit.ConfigError, match=r"evaluate \(swa4096-sink4\): window 4096 is larger than the 2048"):
+        check_variants(cfg, teacher_ckpt, None)
+    check_variants(read_config(experiment_config(tmp_path, "unused")), teacher_ckpt, None)  # windows 16, 1024: fine
+
+
+@pytest.mark.slow
+def test_the_experiment_command_on_the_real_smollm2(tmp_path):
+    """The same command on SmolLM2-135M (imported from the packaged GGUF): a few steps, the smallest grid."""
+    for package in (*hf_import.GGUF_PACKAGES, hf_import.SMOLLM2_PACKAGE):
+        if importlib.util.find_spec(package) is None:
+            pytest.skip(f"needs the {package} package: bash setup.sh pretrained")
+    config = experiment_config(
+        tmp_path, "smollm2", students={"gdn": {"pattern": "D"}}, transfer={"tokens": 2 * 2 * T},
+        lora={"tokens": 2 * T}, evaluate={"windows": [64], "sinks": [4], "choice_items": 1, "suite": {
+            "niah_tasks": ["niah_single_2"], "niah_lengths": [512], "niah_depths": [0.75], "niah_samples": 1,
+            "max_new_tokens": 12}})
+    result = run_experiment(config)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert set(summary["variants"]) == {"full", "swa64-sink4", "retrofit-gdn"}
+    print({name: v["niah_all"]["mean"] for name, v in summary["variants"].items()})
+    assert summary["variants"]["full"]["niah_all"]["mean"] == 100.0  # SmolLM2 finds a needle 128 tokens back
+    cache = {name: v["longest_niah"]["cache_bytes"] for name, v in summary["variants"].items()}
+    assert cache["swa64-sink4"] < cache["full"]  # the window's ring and sinks against every key of the prompt
