@@ -11,7 +11,7 @@ Decisions:
 - Cells are mean [95% Wilson interval] n, as in every report of the framework; "all" pools every sample of a variant
   over the lengths (and tasks), and the multiple-choice "mean" pools every item of every task.
 - The ratio of the paper's claim: for each window, SWA(w, s) with the largest sink count over the best retrofit (the
-  one with the highest pooled score), on NIAH and on BABILong; "inf" when the best retrofit scored 0.
+  one with the highest pooled score), on NIAH and on BABILong; no ratio (said why) when the best retrofit scored 0.
 - Memory and speed are read at the longest NIAH prompt (the largest context every variant ran): the inference
   state's bytes, and the generated tokens per second after the prefill.
 """
@@ -85,7 +85,7 @@ def ratios(variants: dict, sinks: int) -> list[dict]:
                         ["name"]) for r in retrofits) if retrofits else (math.nan, None)
             if swa is None or math.isnan(best[0]):
                 continue
-            ratio = swa["mean"] / best[0] if best[0] > 0 else math.inf
+            ratio = swa["mean"] / best[0] if best[0] > 0 else None  # no ratio to a retrofit that scored 0
             row[evaluation] = {"swa": swa["mean"], "best_retrofit": best[0], "best_retrofit_variant": best[1],
                                "ratio": ratio}
         rows.append(row)
@@ -95,7 +95,10 @@ def ratios(variants: dict, sinks: int) -> list[dict]:
 def _ratio_text(entry: dict | None) -> str:
     if not entry:
         return ""
-    ratio = "inf" if math.isinf(entry["ratio"]) else f"{entry['ratio']:.2f}"
+    if entry["ratio"] is not None:
+        ratio = f"{entry['ratio']:.2f}"
+    else:
+        ratio = "none: both 0" if entry["swa"] == 0 else "none: every retrofit 0"
     return f"{ratio} ({entry['swa']:.1f} / {entry['best_retrofit']:.1f}, {entry['best_retrofit_variant']})"
 
 

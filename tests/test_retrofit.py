@@ -338,3 +338,24 @@ def test_the_experiment_command_on_the_real_smollm2(tmp_path):
     assert summary["variants"]["full"]["niah_all"]["mean"] == 100.0  # SmolLM2 finds a needle 128 tokens back
     cache = {name: v["longest_niah"]["cache_bytes"] for name, v in summary["variants"].items()}
     assert cache["swa64-sink4"] < cache["full"]  # the window's ring and sinks against every key of the prompt
+
+
+def test_the_paper_ratio_is_none_and_says_why_when_no_retrofit_scored():
+    # A window-only SWA and two retrofits that all miss every needle gave "inf (0.0 / 0.0)": no ratio exists there.
+    from swax_lightning.retrofit_report import ratio_lines, ratios
+
+    def variant(name, family, scores, window=None):
+        samples = [{"eval": "niah", "score": s} for s in scores]
+        spec = {"name": name, "window": window, "n_sink": 4 if window else None}
+        return {"variant": {"family": family, "variant": spec}, "results": {"samples": samples}}
+
+    variants = {"swa64-sink4": variant("swa64-sink4", "swa", [0.0, 0.0], 64),
+                "swa512-sink4": variant("swa512-sink4", "swa", [100.0, 0.0], 512),
+                "retrofit-gdn": variant("retrofit-gdn", "retrofit", [0.0, 0.0]),
+                "retrofit-mlstm": variant("retrofit-mlstm", "retrofit", [0.0, 0.0])}
+    rows = {r["window"]: r["niah"] for r in ratios(variants, 4)}
+    assert rows[64]["ratio"] is None and rows[512]["ratio"] is None
+    text = "\n".join(ratio_lines(list(ratios(variants, 4))))
+    assert "none: both 0 (0.0 / 0.0" in text and "none: every retrofit 0 (50.0 / 0.0" in text and "inf" not in text
+    variants["retrofit-gdn"] = variant("retrofit-gdn", "retrofit", [100.0, 0.0, 0.0, 0.0])
+    assert {r["window"]: r["niah"]["ratio"] for r in ratios(variants, 4)} == {64: 0.0, 512: 2.0}
