@@ -88,7 +88,7 @@ class SeesBack(torch.nn.Module):
     def new_caches(self, batch, dtype=torch.float32):
         return [[[] for _ in range(batch)]]
 
-    def forward(self, idx, caches, positions):
+    def forward(self, idx, caches, positions, last_only=False):  # SWAXModel.forward's streaming signature
         history = caches[0]
         logits = torch.full((*idx.shape, 257), -1e4)
         for b in range(idx.shape[0]):
@@ -96,7 +96,7 @@ class SeesBack(torch.nn.Module):
                 if positions[b, t] >= 0:
                     history[b].append(int(idx[b, t]))
                 logits[b, t] = self.next_token_logits(bytes(history[b]).decode())
-        return logits
+        return logits[:, -1:] if last_only else logits
 
     def next_token_logits(self, text: str) -> torch.Tensor:
         logits = torch.full((257,), -1e4)
