@@ -6,7 +6,8 @@ attention by the LoLCATs-style retrofit (retrofit.py), evaluated on the same pro
     python -m swax_lightning.retrofit run configs/retrofit/smollm2_large.yaml    # the larger budget (a GPU)
     python -m swax_lightning.retrofit report runs/retrofit/smollm2               # table and plots of what finished
 
-Steps, each skipped when its outputs exist (an interrupted run, started again, goes on where it stopped):
+Steps, each skipped when its outputs exist (an interrupted run, started again, goes on where it stopped; a variant
+evaluated under other `evaluate` settings is evaluated again):
 1. import (swax-import) of `source` into <out>/import, unless `import_dir` names an existing import;
 2. the data module's shards of `data` tokenized with the model's own tokenizer (<out>/data unless data.data_dir);
 3. attention transfer of every student at once, then LoRA for each: <out>/students/<name>/checkpoints/last.ckpt;
@@ -402,9 +403,13 @@ def write_converted(model, teacher_ckpt: Path, folder: Path, budgets: dict) -> P
 
 # ---- evaluation ------------------------------------------------------------------------------------------------------
 def evaluate_variant(cfg: ExperimentConfig, variant: Variant, ckpt: Path, data, choice_dir: Path | None) -> str:
-    folder = cfg.folder / "variants" / variant.name
+    folder, settings = cfg.folder / "variants" / variant.name, evaluation_settings(cfg)
+    again = ""
     if (folder / DONE).is_file():
-        return "done before"
+        if json.loads((folder / DONE).read_text()).get("settings") == settings:
+            return "done before"
+        (folder / DONE).unlink()  # evaluated under other settings: its results would not be this config's
+        again = " again (evaluate's settings changed)"
     start = time.perf_counter()
     model, _ = load_model(ckpt, cfg.device)
     if cfg.evaluate.precision == "bf16":
@@ -420,9 +425,16 @@ def evaluate_variant(cfg: ExperimentConfig, variant: Variant, ckpt: Path, data, 
         writer.add_scalar(tag, value, 0)
     writer.close()
     retrofit.write_json(folder / DONE, {"variant": asdict(variant), "family": variant.family, "checkpoint": str(ckpt),
-                                        "seconds": retrofit.seconds_since(start), "decode": decode,
-                                        "generations": generations})
-    return f"evaluated in {retrofit.seconds_since(start):.0f} s"
+                                        "settings": settings, "seconds": retrofit.seconds_since(start),
+                                        "decode": decode, "generations": generations})
+    return f"evaluated{again} in {retrofit.seconds_since(start):.0f} s"
+
+
+def evaluation_settings(cfg: ExperimentConfig) -> dict:
+    """What a variant's results depend on besides its window and checkpoint, as its variant.json stores it: a finished
+    variant is skipped only when these are the config's."""
+    settings = {key: value for key, value in asdict(cfg.evaluate).items() if key not in ("windows", "sinks")}
+    return json.loads(json.dumps(settings))
 
 
 def variant_suite(cfg: ExperimentConfig, variant: Variant, choice_dir: Path | None) -> EvalSuite:

@@ -46,6 +46,16 @@ def pooled(results: dict, evaluation: str) -> dict | None:
     return cell(scores) if scores else None
 
 
+def niah_by_depth(results: dict) -> dict:
+    """depth -> NIAH cell pooling every task and length: at depth 1 the needle ends the haystack, inside any window
+    that reaches back over the question; at 0 and 0.5 it is beyond the windows at every length but the shortest."""
+    scores: dict = {}
+    for s in results["samples"]:
+        if s["eval"] == "niah":
+            scores.setdefault(f"{s['depth']:g}", []).append(s["score"])
+    return {depth: cell(scores[depth]) for depth in sorted(scores, key=float)}
+
+
 def by_length(results: dict, evaluation: str) -> dict:
     return results.get(evaluation, {}).get("scores", {}).get("average", {})
 
@@ -143,6 +153,16 @@ def long_context_table(variants: dict) -> list[str]:
             *_table(header, rows), ""]
 
 
+def depth_table(variants: dict) -> list[str]:
+    depths = sorted({d for v in variants.values() for d in niah_by_depth(v["results"])}, key=float)
+    if len(depths) < 2:
+        return []
+    rows = [[name, *[show(niah_by_depth(v["results"]).get(d)) for d in depths]] for name, v in variants.items()]
+    return ["## NIAH by needle depth\n", "The NIAH samples of every task and length by the queried needle's depth in "
+            "the haystack (0 = its start, 1 = its end, just before the question), %.\n",
+            *_table(["variant", *[f"depth {d}" for d in depths]], rows), ""]
+
+
 def short_context_table(variants: dict) -> list[str]:
     tasks = sorted({t for v in variants.values() for t in choice_cells(v["results"]) if t != "mean"})
     header = ["variant", *tasks, "mean", "state at the longest NIAH prompt", "decode tokens/s there",
@@ -208,7 +228,8 @@ def write_report(folder: str | Path) -> str:
     sinks = max(cfg.get("evaluate", {}).get("sinks") or [0])
     rows = ratios(variants, sinks)
     text = "\n".join([*header_lines(folder), *budgets_table(folder), *long_context_table(variants),
-                      *ratio_lines(rows), *short_context_table(variants), *loss_table(variants)]) + "\n"
+                      *depth_table(variants), *ratio_lines(rows), *short_context_table(variants),
+                      *loss_table(variants)]) + "\n"
     atomic.write_text(folder / "report.md", text)
     write_json(folder / "summary.json", summary(variants, rows))
     plots(variants, folder)
@@ -221,6 +242,7 @@ def summary(variants: dict, rows: list[dict]) -> dict:
         r = v["results"]
         out["variants"][name] = {"family": v["variant"]["family"], "niah_all": pooled(r, "niah"),
                                  "babilong_all": pooled(r, "babilong"), "niah": by_length(r, "niah"),
+                                 "niah_by_depth": niah_by_depth(r),
                                  "babilong": by_length(r, "babilong"), "choice": choice_cells(r),
                                  "loss_by_position": r.get("perplexity"), "longest_niah": longest_niah(v["variant"]),
                                  "seconds": v["variant"]["seconds"]}

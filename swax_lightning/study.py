@@ -3,6 +3,7 @@
     python -m swax_lightning.study run configs/study --seeds 0 1 2 --jobs 2   # all arms, 3 seeds, 2 runs at a time
     python -m swax_lightning.study run configs/study --seeds 0 -- --trainer.max_steps 20   # extra main.py options
     python -m swax_lightning.study collect runs/study           # table + plots from what has finished
+    python -m swax_lightning.study compare runs/study other/study   # two sweeps side by side, where they differ
 
 An arm is a config file of the folder (every .yaml except those starting with "_", which hold the shared settings
 the arms extend). Each (arm, seed) is one run, `runs/<folder name>/<arm file name>-s<seed>/`: `main.py fit` with
@@ -110,7 +111,8 @@ def _scalars(folder: Path) -> dict:
     return out
 
 
-def collect(experiment_dir: Path) -> str:
+def load_runs(experiment_dir: Path) -> dict:
+    """(arm, seed) -> {"results", "val/loss", "test/loss", "environment"} of every finished run of a sweep."""
     runs = {}
     for results in sorted(experiment_dir.glob("*-s*/eval/results.json")):
         folder = results.parent.parent
@@ -120,6 +122,11 @@ def collect(experiment_dir: Path) -> str:
                                   "environment": json.loads(environment.read_text()) if environment.is_file() else {}}
     if not runs:
         raise FileNotFoundError(f"no finished runs (…-s<seed>/eval/results.json) in {experiment_dir}")
+    return runs
+
+
+def collect(experiment_dir: Path) -> str:
+    runs = load_runs(experiment_dir)
     text = report(runs)
     (experiment_dir / "study.md").write_text(text)
     _plots(runs, experiment_dir)
@@ -195,6 +202,36 @@ def report(runs: dict) -> str:
     lines += ["## Every run\n", "MQAR accuracy (%) and NIAH (%) with 95% Wilson intervals.\n",
               *_run_rows(runs, columns), "## What the runs ran on\n", *_environments(runs)]
     return "\n".join(lines) + "\n"
+
+
+def compare(first: dict, second: dict) -> str:
+    """Two sweeps of one study (two machines, or two CPU kernel sets) side by side: per arm and gap, each sweep's MQAR
+    accuracy as mean (lowest-highest seed), and whether they agree within the seed spread: each sweep's mean inside
+    the other's range of seeds."""
+    columns = _columns({(i, *key): run for i, runs in enumerate((first, second)) for key, run in runs.items()})
+    arms = sorted({arm for arm, _ in first} & {arm for arm, _ in second})
+    header = ["arm", *[f"gap {g}" for g in columns["gaps"]]]
+    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    agree = total = 0
+    for arm in arms:
+        per_sweep = [[_values(runs[key], columns)["accuracy"] for key in sorted(runs) if key[0] == arm]
+                     for runs in (first, second)]
+        cells = []
+        for a, b in (([seeds[j] for seeds in per_sweep[0]], [seeds[j] for seeds in per_sweep[1]])
+                     for j in range(len(columns["gaps"]))):
+            within = _inside(a, b) and _inside(b, a)
+            agree, total = agree + within, total + 1
+            cells.append(f"{_spread(a, 1)} / {_spread(b, 1)}{'' if within else ' **differ**'}")
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return "\n".join(["MQAR accuracy (%) by gap: first sweep / second sweep, each the mean (lowest-highest seed); "
+                      "**differ**: a sweep's mean outside the other's seed range.\n", *lines, "",
+                      f"{agree} of {total} cells agree within the seed spread.", "",
+                      "First sweep:", *_environments(first), "Second sweep:", *_environments(second)]) + "\n"
+
+
+def _inside(values: list[float], others: list[float]) -> bool:
+    """The mean of `others` lies within the range of `values`."""
+    return min(values) <= sum(others) / len(others) <= max(values)
 
 
 def _run_rows(runs: dict, columns: dict) -> list[str]:
@@ -328,7 +365,13 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("--jobs", type=int, default=1, help="runs side by side (e.g. the number of cores / threads)")
     col = sub.add_parser("collect", help="table and plots of the finished runs")
     col.add_argument("experiment_dir", type=Path, help="e.g. runs/study")
+    cmp = sub.add_parser("compare", help="two sweeps' MQAR accuracy side by side, and where they differ")
+    cmp.add_argument("first", type=Path, help="e.g. runs/study")
+    cmp.add_argument("second", type=Path, help="e.g. the same study's sweep on another machine")
     args = parser.parse_args(argv)
+    if args.command == "compare":
+        print(compare(load_runs(args.first), load_runs(args.second)))
+        return
     if args.command == "collect":
         print(collect(args.experiment_dir))
         return

@@ -274,11 +274,15 @@ def test_the_experiment_command_evaluates_every_variant_and_resumes(tmp_path):
              "retrofit-mlstm"]
     report = (out / "report.md").read_text()
     assert all(f"| {name} |" in report for name in names) and "SWA with sinks over the best retrofit" in report
+    assert "| variant | depth 0.25 | depth 0.75 |" in report
     summary = json.loads((out / "summary.json").read_text())
     assert [r["window"] for r in summary["ratios"]] == [16, 1024]
     variants = summary["variants"]
     for name in names:
         assert variants[name]["niah_all"]["n"] == 2 and variants[name]["babilong_all"]["n"] == 1
+        by_depth = variants[name]["niah_by_depth"]  # the suite deals one sample to each depth
+        assert list(by_depth) == ["0.25", "0.75"] and [c["n"] for c in by_depth.values()] == [1, 1]
+        assert sum(c["mean"] for c in by_depth.values()) / 2 == variants[name]["niah_all"]["mean"]
         assert variants[name]["choice"]["mean"]["n"] == 4 * 3
         assert (out / "tensorboard" / name).is_dir()
     # A window longer than every multiple-choice prompt is full attention: exactly the same log-likelihoods.
@@ -288,12 +292,16 @@ def test_the_experiment_command_evaluates_every_variant_and_resumes(tmp_path):
     assert load_model(out / "students" / "mlstm" / "checkpoints" / "last.ckpt")[0].cfg.pattern == "X"
     for name in ("png", "md"):
         assert list(out.glob(f"*.{name}"))
-    # A second run skips everything; a removed result is evaluated again.
+    # A second run skips everything; a removed result is evaluated again, and so is one of other evaluate settings.
     (out / "variants" / "retrofit-gdn" / "variant.json").unlink()
+    done = out / "variants" / "swa16-sink0" / "variant.json"
+    done.write_text(json.dumps(json.loads(done.read_text()) | {"settings": {"suite": {"niah_depths": [0.5]}}}))
     second = run_experiment(config)
     assert second.returncode == 0, second.stderr[-3000:]
     statuses = dict(re.findall(r"^\[ *\d+ s\] (\S+): (.*)$", second.stdout, flags=re.M))
-    assert statuses.pop("retrofit-gdn").startswith("evaluated") and set(statuses.values()) == {"done before"}
+    assert statuses.pop("retrofit-gdn").startswith("evaluated in")
+    assert statuses.pop("swa16-sink0").startswith("evaluated again (evaluate's settings changed)")
+    assert set(statuses.values()) == {"done before"}
     assert "attention transfer of" not in second.stdout and "LoRA of" not in second.stdout
 
 

@@ -85,6 +85,21 @@ def test_the_report_gives_each_arm_its_mean_and_seed_range_per_gap():
     assert "- xlstm-s0: not recorded" in lines
 
 
+def test_compare_flags_a_cell_where_one_sweeps_mean_leaves_the_others_seed_range():
+    # Gap 0: the sweeps' means (20, 21) lie inside each other's seed ranges; gap 512: the second sweep's mean (30)
+    # lies above every seed of the first (3-5): that cell differs, and the count says so.
+    from swax_lightning.study import compare
+
+    def sweep(*per_seed):
+        return {("w_long", seed): {"environment": {}, "results": {"mqar": {"gaps": [
+            {"gap": gap, "accuracy": accuracy, "loss": 1.0} for gap, accuracy in zip((0, 512), accuracies)]}}}
+            for seed, accuracies in enumerate(per_seed)}
+
+    text = compare(sweep((10.0, 3.0), (30.0, 5.0)), sweep((18.0, 25.0), (24.0, 35.0)))
+    assert "| w_long | 20.0 (10.0-30.0) / 21.0 (18.0-24.0) | 4.0 (3.0-5.0) / 30.0 (25.0-35.0) **differ** |" in text
+    assert "1 of 2 cells agree within the seed spread." in text
+
+
 @pytest.mark.slow
 def test_the_gpu_study_configs_train_a_step_and_evaluate_on_cpu_at_toy_size(tmp_path):
     # configs/study_gpu at a toy size on CPU: a BPE trained by swax_lightning.train_tokenizer on a small source, every
