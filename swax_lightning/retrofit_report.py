@@ -154,10 +154,11 @@ def long_context_table(variants: dict) -> list[str]:
 
 
 def depth_table(variants: dict) -> list[str]:
-    depths = sorted({d for v in variants.values() for d in niah_by_depth(v["results"])}, key=float)
+    cells = {name: niah_by_depth(v["results"]) for name, v in variants.items()}
+    depths = sorted({d for by_depth in cells.values() for d in by_depth}, key=float)
     if len(depths) < 2:
         return []
-    rows = [[name, *[show(niah_by_depth(v["results"]).get(d)) for d in depths]] for name, v in variants.items()]
+    rows = [[name, *[show(by_depth.get(d)) for d in depths]] for name, by_depth in cells.items()]
     return ["## NIAH by needle depth\n", "The NIAH samples of every task and length by the queried needle's depth in "
             "the haystack (0 = its start, 1 = its end, just before the question), %.\n",
             *_table(["variant", *[f"depth {d}" for d in depths]], rows), ""]

@@ -215,10 +215,10 @@ def compare(first: dict, second: dict) -> str:
     agree = total = 0
     for arm in arms:
         per_sweep = [[_values(runs[key], columns)["accuracy"] for key in sorted(runs) if key[0] == arm]
-                     for runs in (first, second)]
+                     for runs in (first, second)]  # [sweep][seed][gap]
         cells = []
-        for a, b in (([seeds[j] for seeds in per_sweep[0]], [seeds[j] for seeds in per_sweep[1]])
-                     for j in range(len(columns["gaps"]))):
+        for j in range(len(columns["gaps"])):
+            a, b = ([seed[j] for seed in seeds] for seeds in per_sweep)
             within = _inside(a, b) and _inside(b, a)
             agree, total = agree + within, total + 1
             cells.append(f"{_spread(a, 1)} / {_spread(b, 1)}{'' if within else ' **differ**'}")
