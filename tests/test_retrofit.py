@@ -327,6 +327,17 @@ def test_a_window_beyond_the_teachers_positions_is_refused_before_any_training(t
     check_variants(read_config(experiment_config(tmp_path, "unused")), teacher_ckpt, None)  # windows 16, 1024: fine
 
 
+@pytest.mark.parametrize("name", ["smollm2.yaml", "smollm2_large.yaml"])
+def test_the_shipped_experiment_configs_read_and_put_needles_inside_and_beyond_the_windows(name):
+    # The configs as shipped pass every check of read_config (the suite's own included), and their NIAH grid has
+    # a depth whose needle ends the haystack (inside every window) and one at its start (beyond them): the
+    # comparison's reading needs both.
+    cfg = read_config(ROOT / "configs" / "retrofit" / name)
+    depths = cfg.evaluate.make_suite().niah_depths
+    assert max(depths) == 1.0 and min(depths) == 0.0
+    assert max(cfg.evaluate.windows) < min(cfg.evaluate.suite["niah_lengths"])  # depth 0: beyond every window
+
+
 @pytest.mark.slow
 def test_the_experiment_command_on_the_real_smollm2(tmp_path):
     """The same command on SmolLM2-135M (imported from the packaged GGUF): a few steps, the smallest grid."""
