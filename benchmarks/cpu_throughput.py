@@ -29,10 +29,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from swax_lightning.kernels import sliding_window_attention  # noqa: E402
-
-from swax_lightning.building_blocks import SwiGLU, rope_rotate  # noqa: E402
-from swax_lightning.config import ModelConfig  # noqa: E402
-from swax_lightning.model import SWAXModel  # noqa: E402
+from swax_lightning.model.building_blocks import SwiGLU, rope_rotate  # noqa: E402
+from swax_lightning.model.config import ModelConfig  # noqa: E402
+from swax_lightning.model.model import SWAXModel  # noqa: E402
 
 ARCH = dict(vocab_size=257, d_model=128, n_layers=4, n_heads=4, mlstm_heads=2, chunk_size=64)
 

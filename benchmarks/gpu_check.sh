@@ -19,7 +19,7 @@
 #   1.4B step at T 16k with W 128 and W 2048 (bf16 autocast, activation checkpointing) and its MFU; the quick start
 #   through main.py fit for 50 steps on the GPU.
 # - study (only with --study, after install, in a budget of its own): the tokenizer is trained (seconds), then
-#   `python -m swax_lightning.study run configs/study_gpu --seeds 0 --jobs 2` (two runs share the GPU: a 34M model
+#   `python -m swax_lightning study run configs/study_gpu --seeds 0 --jobs 2` (two runs share the GPU: a 34M model
 #   leaves it idle between kernels); its report ends the stage log, its runs go under $GPU_CHECK_LOGS/runs.
 # The summary JSON is rewritten (atomically) after every stage, so a stage that fails or times out, or the whole
 # check stopped from outside, leaves every stage done so far: rc (124: timed out), seconds, pytest's counts and
@@ -91,8 +91,8 @@ stage_fit_tiny() {
     --trainer.max_steps 50 --trainer.val_check_interval 25 --trainer.logger.init_args.save_dir "$LOG/runs"
 }
 stage_study() {
-  "$PY" -m swax_lightning.train_tokenizer --vocab_size 8192 --out "$STUDY_TOKENIZER" &&
-    "$PY" -m swax_lightning.study run "$STUDY_CONFIGS" --seeds 0 --jobs 2 --threads 4 --save_dir "$LOG/runs"
+  "$PY" -m swax_lightning.data.train_tokenizer --vocab_size 8192 --out "$STUDY_TOKENIZER" &&
+    "$PY" -m swax_lightning.study.sweep run "$STUDY_CONFIGS" --seeds 0 --jobs 2 --threads 4 --save_dir "$LOG/runs"
 }
 EXTRA="train_1.4b_compile: train_14b --window 2048 --compile
 train_1.4b_tfla: train_14b --window 2048 --kernels mlstm=tfla"

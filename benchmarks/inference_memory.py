@@ -33,9 +33,9 @@ def run_one(pattern: str, length: int, chunk_len: int, window: int) -> dict:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from swax_lightning.config import ModelConfig
-    from swax_lightning.inference import prefill
-    from swax_lightning.model import SWAXModel
+    from swax_lightning.model.config import ModelConfig
+    from swax_lightning.model.inference import prefill
+    from swax_lightning.model.model import SWAXModel
 
     torch.manual_seed(0)
     converted = pattern.endswith("->SWA")  # a full-attention model run as SWA(window, 4 sinks), no training

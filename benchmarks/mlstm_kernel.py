@@ -22,9 +22,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from swax_lightning.kernels.mlstm.chunk import mlstm_chunkwise  # noqa: E402
-
 from benchmarks.common import measure  # noqa: E402
+from swax_lightning.kernels.mlstm.chunk import mlstm_chunkwise  # noqa: E402
 
 
 def implementations(chunk: int, tfla_chunk: int):

@@ -22,10 +22,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import measure  # noqa: E402
 from swax_lightning.kernels.swa.blocked import swa_blocked  # noqa: E402
 from swax_lightning.kernels.swa.naive import sliding_window_mask  # noqa: E402
-
-from benchmarks.common import measure  # noqa: E402
 
 
 def visible_pairs(T: int, W: int, n_sink: int) -> int:

@@ -8,7 +8,7 @@ One step = forward with the chunked loss + backward + AdamW, bf16 autocast with 
 training does), activation checkpointing on every block (--no_checkpointing to switch it off), kernels as the config
 chooses them (auto) unless --kernels names some (e.g. mlstm=tfla), every block compiled with torch.compile under
 --compile (the Triton kernels inside stay as they are). The figure is the median of --steps timed steps after
---warmup untimed ones. MFU = analytic FLOPs of the step at the window used (swax_lightning/throughput.py) / time /
+--warmup untimed ones. MFU = analytic FLOPs of the step at the window used (training/throughput.py) / time /
 --peak_tflops (H200 / H100 SXM dense bf16: 989). Peak memory is torch.cuda.max_memory_allocated.
 """
 from __future__ import annotations
@@ -24,9 +24,9 @@ import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from swax_lightning.config import ModelConfig  # noqa: E402
-from swax_lightning.parallel import build_local  # noqa: E402
-from swax_lightning.throughput import analytic_flops  # noqa: E402
+from swax_lightning.model.config import ModelConfig  # noqa: E402
+from swax_lightning.training.parallel import build_local  # noqa: E402
+from swax_lightning.training.throughput import analytic_flops  # noqa: E402
 
 
 def main() -> None:

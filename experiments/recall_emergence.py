@@ -17,7 +17,7 @@ model's. --eval_gaps ends a copy run with the loss at fixed gaps of held-out str
 
 --task asks the same question of the window study's recall data (blocks of --seq characters, the loss on the answer
 digits of every question, chance ln 10 = 2.30): `facts`, the study's training documents
-(swax_lightning/recall_documents.py, its RecallMix: facts and questions interleaved, so a far question needs its key
+(data/recall_documents.py, its RecallMix: facts and questions interleaved, so a far question needs its key
 matched); `needle`, one fact at a time in prose from the embedded corpus (pydoc's topics), its question `distance`
 characters later, then prose, so copying the digits after the last "is: " is enough; `spans`, key-value lists
 ("kavolu 4819273 ...", --pairs pairs) repeated after a prose gap (the copy task in the study's alphabet; the loss on
@@ -45,11 +45,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-from swax_lightning.config import ModelConfig
+from swax_lightning.data.recall_documents import FACT, QUESTION, RecallMix, number, syllable_key, training_document
+from swax_lightning.data.tokenizer import ByteTokenizer
 from swax_lightning.evals.recall_loss import recall_losses
-from swax_lightning.model import SWAXModel
-from swax_lightning.recall_documents import FACT, QUESTION, RecallMix, number, syllable_key, training_document
-from swax_lightning.tokenizer import ByteTokenizer
+from swax_lightning.model.config import ModelConfig
+from swax_lightning.model.model import SWAXModel
 
 LETTERS = (97, 123)
 ANSWER = re.compile(r"The special magic number for \w+ is: (\d+)")

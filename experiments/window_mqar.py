@@ -15,7 +15,7 @@ in K tokens of a small alphabet, so that only the whole key names a value; --sho
 
 Arms (an S X model, one SWA block then one mLSTM block, d_model 128, 4 heads, 2 mLSTM heads): `short` trains and
 evaluates at W = 2, `long` at W = 64, `stochastic` trains at 2 with probability 0.5, else 64, the last 10% at 64
-(swax_lightning/window.py's schedule), and evaluates at 64. Printed as JSON lines: training loss every --every
+(swax_lightning/training/window.py's schedule), and evaluates at 64. Printed as JSON lines: training loss every --every
 steps, then accuracy per evaluation gap.
 
 Decisions: weights start at std 1/sqrt(d_model) = 0.088 (at the model's default 0.02, meant for widths in the
@@ -33,9 +33,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from swax_lightning.config import ModelConfig
-from swax_lightning.model import SWAXModel
-from swax_lightning.window import StochasticWindow
+from swax_lightning.model.config import ModelConfig
+from swax_lightning.model.model import SWAXModel
+from swax_lightning.training.window import StochasticWindow
 
 KEYS, VALUES, FILLER = (0, 64), (64, 128), (128, 192)
 EVAL_SEED = 1 << 20

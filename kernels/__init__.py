@@ -65,11 +65,6 @@ def substituted(**operations: Callable):
         _SUBSTITUTES.update(saved)
 
 
-def backend() -> str:
-    """The override asked for by SWAX_KERNELS (validated), or 'auto' when it is not set."""
-    return backends.env_override() or "auto"
-
-
 def _impl(name: str) -> Callable:
     module, function = _IMPLS[name]
     return getattr(importlib.import_module(module), function)
@@ -124,6 +119,6 @@ def gated_delta_chunkwise(q, k, v, beta, g, initial_state=None, chunk_size: int 
     return _gated_delta_chunkwise_torch(q, k, v, beta, g, initial_state, chunk_size)
 
 
-__all__ = ["MLSTMState", "backend", "backends", "gated_delta_chunkwise", "gated_delta_recurrent", "gated_delta_step",
+__all__ = ["MLSTMState", "backends", "gated_delta_chunkwise", "gated_delta_recurrent", "gated_delta_step",
            "mlstm_chunkwise", "mlstm_parallel", "mlstm_recurrent", "mlstm_step",
            "sliding_window_attention", "sliding_window_mask", "substituted", "swa_blocked", "swa_reference"]

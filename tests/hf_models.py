@@ -1,4 +1,4 @@
-"""Random small pretrained models of every family swax-import supports, saved by transformers as folders (safetensors,
+"""Random small pretrained models of every family swax import supports, saved by transformers as folders (safetensors,
 config, a byte tokenizer), for the import tests and the retrofit tests. Needs transformers."""
 import json
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from swax_lightning.export import byte_tokenizer_json
+from swax_lightning.commands.export import byte_tokenizer_json
 
 VOCAB = 320  # > the 258 ids of the test tokenizer (bytes, end-of-text, BOS): the rest is padding, as in real models
 SIZES = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,

@@ -12,10 +12,10 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
-from swax_lightning.checkpoints import LAST, LatestCheckpoint
-from swax_lightning.data import TextDataModule
-from swax_lightning.module import LanguageModule
-from swax_lightning.numerics import NonFiniteError, NumericsGuard
+from swax_lightning.data.datamodule import TextDataModule
+from swax_lightning.training.checkpoints import LAST, LatestCheckpoint
+from swax_lightning.training.module import LanguageModule
+from swax_lightning.training.numerics import NonFiniteError, NumericsGuard
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(vocab_size=257, d_model=32, n_layers=2, n_heads=2, mlstm_heads=2, chunk_size=16, window=32)
@@ -157,8 +157,9 @@ def test_a_replaced_tokenizer_file_is_refused_by_test_generate_export_and_resume
     _bpe("completely other words for another vocabulary of merges\n" * 10, tokenizer)  # same path, same size
     runs = {"test": _command("main.py", "test", *common, "--ckpt_path", str(ckpt)),
             "resume": _command("main.py", "fit", *common, "--ckpt_path", str(ckpt), "--trainer.max_steps", "2"),
-            "generate": _command("-m", "swax_lightning.generate", "--ckpt_path", str(ckpt), "--prompt", "def"),
-            "export": _command("-m", "swax_lightning.export", "--ckpt_path", str(ckpt), "--out", str(tmp_path / "hf"))}
+            "generate": _command("-m", "swax_lightning", "generate", "--ckpt_path", str(ckpt), "--prompt", "def"),
+            "export": _command("-m", "swax_lightning", "export", "--ckpt_path", str(ckpt), "--out",
+                               str(tmp_path / "hf"))}
     for name, run in runs.items():
         lines = run.stderr.strip().splitlines()
         assert run.returncode == 2 and len(lines) == 1, (name, run.stderr[-2000:])

@@ -52,11 +52,11 @@ def test_fit_then_test_from_checkpoint(tmp_path):
 
 
 # The evaluation suite at CI size (the README's figures come from configs/base/tiny_eval.yaml, out to 131k tokens).
-SMALL_EVAL = ["--eval.niah_tasks", "[niah_single_1, niah_multikey_2]", "--eval.niah_lengths", "[1024, 2048]",
-              "--eval.niah_samples", "2", "--eval.niah_depths", "2", "--eval.babilong_tasks", "[qa1, qa4]",
-              "--eval.babilong_lengths", "[0, 2048]", "--eval.babilong_samples", "1", "--eval.perplexity_len", "512",
-              "--eval.perplexity_samples", "2",
-              "--eval.max_new_tokens",
+SMALL_EVAL = ["--eval.niah.tasks", "[niah_single_1, niah_multikey_2]", "--eval.niah.lengths", "[1024, 2048]",
+              "--eval.niah.samples", "2", "--eval.niah.depths", "2", "--eval.babilong.tasks", "[qa1, qa4]",
+              "--eval.babilong.lengths", "[0, 2048]", "--eval.babilong.samples", "1", "--eval.perplexity.length", "512",
+              "--eval.perplexity.samples", "2",
+              "--eval.niah.max_new_tokens",
               "16"]
 
 
@@ -203,7 +203,7 @@ def test_help_lists_nested_fields_and_no_optimizer_group(capsys):
 
 def test_other_exceptions_keep_their_traceback(tmp_path, capsys, monkeypatch):
     """Only configuration errors become one line: a failure inside the run is raised as it is."""
-    from swax_lightning.data import TextDataModule
+    from swax_lightning.data.datamodule import TextDataModule
 
     def broken(self):
         raise ValueError("a bug, not a configuration error")
@@ -214,7 +214,7 @@ def test_other_exceptions_keep_their_traceback(tmp_path, capsys, monkeypatch):
 
 
 # ---- checkpoints: the configuration is the truth; evaluation needs trained weights ----------------------------
-NO_EVALS = ["--eval.niah_tasks", "[]", "--eval.babilong_tasks", "[]", "--eval.perplexity_len", "null",
+NO_EVALS = ["--eval.niah", "null", "--eval.babilong", "null", "--eval.perplexity", "null",
             "--trainer.limit_test_batches", "1", "--data.batch_size", "2"]
 
 
@@ -223,7 +223,7 @@ def tiny_checkpoint(tmp_path_factory):
     """A checkpoint of the architecture configs/tiny.yaml configures (untrained: only its settings matter here)."""
     import lightning as L
 
-    from swax_lightning.module import LanguageModule
+    from swax_lightning.training.module import LanguageModule
 
     arch = yaml.safe_load((ROOT / "configs/base/tiny_model.yaml").read_text())["arch"]
     module = LanguageModule(arch=arch)
@@ -315,7 +315,7 @@ def test_a_run_of_any_logger_goes_to_the_arm_folder(tmp_path, logger):
         assert replaced.returncode == 0 and (run / "wandb-id").read_text().strip() != run_id, replaced.stderr[-2000:]
 
 
-NO_EVAL = ["--eval.niah_tasks", "[]", "--eval.babilong_tasks", "[]", "--eval.perplexity_len", "null"]
+NO_EVAL = ["--eval.niah", "null", "--eval.babilong", "null", "--eval.perplexity", "null"]
 
 
 @pytest.mark.slow
@@ -348,7 +348,7 @@ def test_one_fit_per_run_folder(tmp_path):
 @pytest.mark.parametrize("prompts", [["def main(", "import "], ["[1, 2]"]])
 def test_generate_command_line_takes_prompts_as_typed(capsys, tiny_checkpoint, prompts):
     """`--prompt A --prompt B` and a single `--prompt X` exited 2 ("Expected a <class 'list'>")."""
-    from swax_lightning.generate import command_line
+    from swax_lightning.commands.generate import main as command_line
 
     command_line(["--ckpt_path", str(tiny_checkpoint), *[arg for p in prompts for arg in ("--prompt", p)],
                   "--max_new_tokens", "3"])
@@ -365,11 +365,11 @@ def test_version(tmp_path):
 
 def test_a_babilong_length_too_short_is_refused_before_niah_runs(tmp_path, tiny_checkpoint):
     """BABILong lengths were checked only when BABILong ran, after NIAH's work; now both at start-up, one line."""
-    test = _main("test", *_overrides(tmp_path), "--ckpt_path", str(tiny_checkpoint), "--eval.niah_tasks",
-                 "[niah_single_1]", "--eval.niah_lengths", "[1024]", "--eval.niah_samples", "40",
-                 "--eval.babilong_tasks", "[qa3]", "--eval.babilong_lengths", "[600]", cwd=tmp_path)
+    test = _main("test", *_overrides(tmp_path), "--ckpt_path", str(tiny_checkpoint), "--eval.niah.tasks",
+                 "[niah_single_1]", "--eval.niah.lengths", "[1024]", "--eval.niah.samples", "40",
+                 "--eval.babilong.tasks", "[qa3]", "--eval.babilong.lengths", "[600]", cwd=tmp_path)
     assert test.returncode == 2 and "RULER NIAH" not in test.stderr + test.stdout, test.stderr[-2000:]
-    assert _one_error_line(test.stderr).startswith("error: EvalSuite.babilong_lengths: qa3: length 600 is too short")
+    assert _one_error_line(test.stderr).startswith("error: eval.babilong.lengths: qa3: length 600 is too short")
 
 
 @pytest.mark.slow

@@ -6,13 +6,13 @@ import pytest
 import torch
 import yaml
 
-from swax_lightning.cli import SwaxCLI, expand_extends, name_run, without_paths
-from swax_lightning.config import ModelConfig
-from swax_lightning.data import TextDataModule
+from swax_lightning.commands.cli import SwaxCLI, expand_extends, name_run, without_paths
+from swax_lightning.data.datamodule import TextDataModule
 from swax_lightning.evals.suite import EvalSuite
-from swax_lightning.model import SWAXModel
-from swax_lightning.module import LanguageModule
-from swax_lightning.window import StochasticWindow
+from swax_lightning.model.config import ModelConfig
+from swax_lightning.model.model import SWAXModel
+from swax_lightning.training.module import LanguageModule
+from swax_lightning.training.window import StochasticWindow
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 ARMS = {  # arm file: (nominal parameters, windows, probs)
@@ -49,7 +49,7 @@ def test_paper_arm(parser, arm):
         n_params = SWAXModel(arch).num_params()
     assert abs(n_params - nominal) / nominal < 0.05, f"{arm}: {n_params / 1e9:.3f}B"
     assert cfg["data"]["seq_len"] == 16384 and cfg["trainer"]["precision"] == "bf16-mixed"
-    assert cfg["trainer"]["strategy"]["class_path"] == "swax_lightning.strategy.FSDP2Strategy"
+    assert cfg["trainer"]["strategy"]["class_path"] == "swax_lightning.training.strategy.FSDP2Strategy"
     global_batch = cfg["trainer"]["num_nodes"] * cfg["trainer"]["devices"] * cfg["data"]["batch_size"] \
         * cfg["trainer"]["accumulate_grad_batches"]
     tokens = cfg["trainer"]["max_steps"] * global_batch * cfg["data"]["seq_len"]
@@ -60,7 +60,8 @@ def test_paper_arm(parser, arm):
     assert cb.eval_window == (2048 if len(windows) > 1 else windows[0])
     assert cfg["experiment"] == "swax_" + arm.split("_")[0]  # runs/swax_1.4b/<arm>/, runs/swax_7b/<arm>/
     suite = EvalSuite(**cfg["eval"])  # the paper's evaluation set
-    assert len(suite.niah_tasks) == 8 and max(suite.niah_lengths) == 131072 and suite.lm_eval_tasks
+    niah = suite.evaluation("niah").settings
+    assert len(niah.tasks) == 8 and max(niah.lengths) == 131072 and suite.evaluation("lm_eval").settings.tasks
 
 
 @pytest.mark.parametrize("pattern", ["A", "S", "X", "SD", "SA"])

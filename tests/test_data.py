@@ -16,10 +16,10 @@ import pytest
 import torch
 from litdata import StreamingDataset, TokensLoader
 
-from swax_lightning.config import InputError
-from swax_lightning.corpus import document_refs, read_documents, split_of
-from swax_lightning.data import TextDataModule, _running, shuffled
-from swax_lightning.tokenizer import ByteTokenizer
+from swax_lightning.core.errors import InputError
+from swax_lightning.data.corpus import document_refs, read_documents, split_of
+from swax_lightning.data.datamodule import TextDataModule, _running, shuffled
+from swax_lightning.data.tokenizer import ByteTokenizer
 
 SEQ = 31
 
@@ -48,7 +48,7 @@ def prepared(source, tmp_path_factory):
 def test_shards_are_the_same_whatever_the_number_of_cores(prepared, tmp_path, monkeypatch, cores):
     """One tokenizing worker, or more workers than this machine has cores: every shard file and every figure of
     meta.json equal to those of the fixture's preparation (index.json aside: litdata stamps it with the time)."""
-    import swax_lightning.data as data
+    import swax_lightning.data.datamodule as data
 
     monkeypatch.setattr(data.os, "cpu_count", lambda: cores)
     again = _reuse(prepared, data_dir=str(tmp_path / "d"))
@@ -103,7 +103,7 @@ def test_embedded_document_names_hold_no_machine_path():
     """The embedded corpus is named relative to the standard library's folder, wherever Python is installed."""
     import sysconfig
 
-    from swax_lightning.corpus import EMBEDDED, document_name
+    from swax_lightning.data.corpus import EMBEDDED, document_name
 
     refs = document_refs(EMBEDDED)
     names = [document_name(ref, EMBEDDED) for ref in refs]
@@ -139,7 +139,7 @@ def test_three_ranks_on_ten_batches_evaluate_what_one_process_evaluates(prepared
     metric sync computes) equals the 1-process one. One rank reads through 2 loader workers."""
     from torchmetrics.aggregation import MeanMetric
 
-    from swax_lightning.module import LanguageModule
+    from swax_lightning.training.module import LanguageModule
 
     n_blocks = prepared.block_count("test", SEQ + 1)
     batch_size = next(b for b in range(1, n_blocks) if -(-n_blocks // b) == 10 and n_blocks % b)
@@ -322,7 +322,7 @@ def test_out_of_vocabulary_ids_without_checksums_are_named_not_an_index_error(pr
 def test_deleted_meta_json_is_refused_before_any_tokenisation(prepared, tmp_path, monkeypatch):
     copy = _copy(prepared, tmp_path)
     (copy / "meta.json").unlink()
-    monkeypatch.setattr("swax_lightning.data.optimize", None)  # any attempt to write shards would fail otherwise
+    monkeypatch.setattr("swax_lightning.data.datamodule.optimize", None)  # writing shards would fail
     with pytest.raises(FileExistsError, match="no meta.json"):
         _reuse(prepared, data_dir=str(copy)).prepare_data()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy"]
@@ -375,7 +375,7 @@ def test_interrupted_preparation_leaves_no_folder_and_no_worker(source, tmp_path
         workers.append(worker)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("swax_lightning.data.optimize", interrupted_optimize)
+    monkeypatch.setattr("swax_lightning.data.datamodule.optimize", interrupted_optimize)
     dm = TextDataModule(source=str(source), data_dir=str(tmp_path / "d"), seq_len=SEQ)
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -388,7 +388,7 @@ def test_interrupted_preparation_leaves_no_folder_and_no_worker(source, tmp_path
 
 INTERRUPTED_PREPARATION = """
 import os, signal, sys, time
-import swax_lightning.data as data
+import swax_lightning.data.datamodule as data
 
 # A process started from a terminal, where Ctrl-C exists: one launched in the background by a non-interactive shell
 # (nohup ... &) inherits SIGINT ignored, and then no Ctrl-C would reach it (each input would sleep its 60 s).
@@ -444,7 +444,7 @@ def test_ctrl_c_inside_a_worker_fails_and_leaves_no_folder_and_no_worker(source,
 
 def test_a_failing_input_is_named_and_nothing_is_left(source, tmp_path, monkeypatch):
     """A tokenizing worker that fails: the preparation raises naming the input and the error, keeps no folder."""
-    import swax_lightning.data as data
+    import swax_lightning.data.datamodule as data
 
     tokenize = data.tokenize_ref
 

@@ -3,10 +3,10 @@ pass; the layer is finite at extreme gates; a full-attention model converted to 
 import pytest
 import torch
 import torch.nn.functional as F
-from swax_lightning.kernels import gated_delta_chunkwise, gated_delta_recurrent
 
-from swax_lightning.config import ModelConfig
-from swax_lightning.model import SWAXModel
+from swax_lightning.kernels import gated_delta_chunkwise, gated_delta_recurrent
+from swax_lightning.model.config import ModelConfig
+from swax_lightning.model.model import SWAXModel
 
 
 def _inputs(T, B=2, H=3, dk=8, dv=16, seed=0):
@@ -86,7 +86,7 @@ def test_converted_full_attention_with_window_at_least_T_is_exact():
 
 
 def test_converted_full_attention_with_short_window_streams_in_bounded_memory():
-    from swax_lightning.inference import prefill
+    from swax_lightning.model.inference import prefill
 
     model = _full_attention_model()
     model.convert_full_attention(window=8, n_sink=4)
@@ -105,7 +105,7 @@ def test_converted_full_attention_with_short_window_streams_in_bounded_memory():
 
 def test_short_convolution_is_the_causal_sum_it_claims():
     # y_t = silu(sum_j w[c, j] x_{t-K+1+j}), zeros before the sequence; a later input never changes an earlier output.
-    from swax_lightning.building_blocks import ShortConv
+    from swax_lightning.model.building_blocks import ShortConv
     conv = ShortConv(channels=3, kernel=4).double()
     torch.nn.init.normal_(conv.weight, generator=torch.Generator().manual_seed(0))
     x = torch.randn(2, 9, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))

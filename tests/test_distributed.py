@@ -38,8 +38,8 @@ import torch
 import yaml
 from torch.utils.data import DataLoader
 
-from swax_lightning.checkpoints import consolidate
-from swax_lightning.data import TextDataModule
+from swax_lightning.data.datamodule import TextDataModule
+from swax_lightning.training.checkpoints import consolidate
 from tests.train_probe import read_records
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,8 +137,8 @@ def _ckpt(tmp) -> Path:
 
 def _reference(tmp, data_dir, records, steps=STEPS):
     """One process trained on the ranks' global batches; returns (per-step loss, final state_dict)."""
-    from swax_lightning.cli import SwaxCLI
-    from swax_lightning.module import LanguageModule
+    from swax_lightning.commands.cli import SwaxCLI
+    from swax_lightning.training.module import LanguageModule
 
     ranks = sorted(records)
     batches = [torch.tensor(sum((records[r]["steps"][s]["batch"] for r in ranks), [])) for s in range(steps)]
@@ -173,7 +173,7 @@ def _consolidated(ckpt: Path) -> Path:
 
 def _one_process(subcommand, tmp, data_dir, ckpt, *extra) -> dict:
     """`main.py <subcommand>` of a checkpoint file in 1 process (this one): the probe's records."""
-    from swax_lightning.cli import main
+    from swax_lightning.commands.cli import main
 
     main([subcommand, "--config", CONFIG, *_common(tmp, data_dir, tmp / "records"), "--ckpt_path", str(ckpt), *extra])
     return read_records(tmp / "records")[0]
@@ -261,17 +261,17 @@ def test_kill_during_validation_then_resume_continues_exactly(tmp_path, data_dir
         assert validated == {v["step"]: v["loss"] for v in want[rank]["validations"]}  # step 4's ran again
 
 
-SMALL_EVAL = ["--eval.niah_tasks", "[niah_single_1, niah_multikey_2]", "--eval.niah_lengths", "[512, 1024]",
-              "--eval.niah_samples", "2", "--eval.niah_depths", "2", "--eval.babilong_tasks", "[qa1]",
-              "--eval.babilong_lengths", "[0, 2048]", "--eval.babilong_samples", "2", "--eval.perplexity_len", "512",
-              "--eval.perplexity_samples", "2", "--eval.max_new_tokens", "8"]
+SMALL_EVAL = ["--eval.niah.tasks", "[niah_single_1, niah_multikey_2]", "--eval.niah.lengths", "[512, 1024]",
+              "--eval.niah.samples", "2", "--eval.niah.depths", "2", "--eval.babilong.tasks", "[qa1]",
+              "--eval.babilong.lengths", "[0, 2048]", "--eval.babilong.samples", "2", "--eval.perplexity.length", "512",
+              "--eval.perplexity.samples", "2", "--eval.niah.max_new_tokens", "8"]
 
 
 @pytest.fixture(scope="module")
 def consolidated(two_rank_run):
     """The consolidation command of docs/scale-out.md on the rehearsal's last.ckpt."""
     full = two_rank_run / "full.ckpt"
-    run = _run([sys.executable, "-m", "swax_lightning.checkpoints", str(_ckpt(two_rank_run)), "--out", str(full)])
+    run = _run([sys.executable, "-m", "swax_lightning", "consolidate", str(_ckpt(two_rank_run)), "--out", str(full)])
     assert run.returncode == 0 and full.is_file(), run.stderr[-2000:]
     return full
 
@@ -297,21 +297,21 @@ def test_sharded_test_on_an_uneven_split_scores_what_one_process_scores(tmp_path
 
 
 def test_a_distributed_checkpoint_in_one_process_is_one_clear_line(capsys, data_dir, two_rank_run):
-    from swax_lightning.checkpoints import load_model
-    from swax_lightning.cli import main
-    from swax_lightning.config import ConfigError
+    from swax_lightning.commands.cli import main
+    from swax_lightning.core.errors import ConfigError
+    from swax_lightning.training.checkpoints import load_model
 
     with pytest.raises(SystemExit) as exit_:
         main(["test", "--config", CONFIG, "--data.data_dir", str(data_dir), "--ckpt_path", str(_ckpt(two_rank_run))])
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and len(err) == 1, err
-    assert "is a distributed checkpoint" in err[0] and "python -m swax_lightning.checkpoints" in err[0]
-    with pytest.raises(ConfigError, match="distributed checkpoint.*python -m swax_lightning.checkpoints"):
+    assert "is a distributed checkpoint" in err[0] and "python -m swax_lightning consolidate" in err[0]
+    with pytest.raises(ConfigError, match="distributed checkpoint.*python -m swax_lightning consolidate"):
         load_model(_ckpt(two_rank_run))
 
 
 def test_consolidated_checkpoint_loads_in_generate_and_resumes_one_process(tmp_path, data_dir, consolidated):
-    from swax_lightning.checkpoints import load_model
+    from swax_lightning.training.checkpoints import load_model
 
     model, tokenizer = load_model(consolidated)
     assert torch.isfinite(model(torch.tensor([tokenizer.encode("def main(")]))).all()
@@ -339,7 +339,8 @@ def _rank_lines(stderr: str) -> dict[int, str]:
 def test_a_rank_left_waiting_in_a_collective_ends_every_rank_with_one_line(tmp_path, data_dir):
     """Rank 1 waits in the extra forward's all-gather, rank 0 in the validation's metric sync: with
     collective_timeout 10 s both end, each with one line naming its rank and the phase, and no traceback."""
-    strategy = '{"class_path": "swax_lightning.strategy.FSDP2Strategy", "init_args": {"collective_timeout": 10}}'
+    strategy = ('{"class_path": "swax_lightning.training.strategy.FSDP2Strategy", '
+                '"init_args": {"collective_timeout": 10}}')
     run = _run([sys.executable, str(ROOT / "main.py"), "fit", "--config", CONFIG, "--trainer.devices", "2",
                 "--trainer.strategy", strategy, *_common(tmp_path, data_dir, tmp_path / "records"), *STALL])
     assert run.returncode != 0 and (tmp_path / "records/extra-forward-rank1").exists()

@@ -12,11 +12,11 @@ transformers = pytest.importorskip("transformers")
 
 import lightning as L  # noqa: E402
 
-from swax_lightning.checkpoints import load_model  # noqa: E402
-from swax_lightning.data import TextDataModule  # noqa: E402
-from swax_lightning.inference import continue_texts  # noqa: E402
-from swax_lightning.module import LanguageModule  # noqa: E402
-from swax_lightning.runs import checkpoint_identity  # noqa: E402
+from swax_lightning.data.datamodule import TextDataModule  # noqa: E402
+from swax_lightning.model.inference import continue_texts  # noqa: E402
+from swax_lightning.training.checkpoints import load_model  # noqa: E402
+from swax_lightning.training.module import LanguageModule  # noqa: E402
+from swax_lightning.training.runs import checkpoint_identity  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCH = {"d_model": 32, "n_layers": 2, "n_heads": 2, "mlstm_heads": 2, "window": 8, "chunk_size": 8}
@@ -48,7 +48,7 @@ def run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def exported(run):
     out = run.parents[3] / "hf" / "swax-tiny"
-    subprocess.run([sys.executable, "-m", "swax_lightning.export", "--ckpt_path", str(run), "--out", str(out)],
+    subprocess.run([sys.executable, "-m", "swax_lightning", "export", "--ckpt_path", str(run), "--out", str(out)],
                    cwd=ROOT, check=True, capture_output=True)
     return out
 
@@ -56,7 +56,7 @@ def exported(run):
 @pytest.mark.parametrize("route", ["trust_remote_code", "registered"])
 def test_logits_through_transformers_equal_the_checkpoints(run, exported, route):
     if route == "registered":
-        from swax_lightning.hf_model import register
+        from swax_lightning.model.hf_model import register
 
         register()
     hf = transformers.AutoModelForCausalLM.from_pretrained(exported, trust_remote_code=(route != "registered"))
@@ -113,7 +113,7 @@ def test_the_documented_loading_lines_ask_nothing_and_files_are_readable_by_all(
 def test_a_model_card_never_shows_another_checkpoints_results(run, tmp_path):
     """results.json names the checkpoint it evaluated (sha256): exporting another checkpoint of the same run (here one
     step less trained) gives a card without those results."""
-    from swax_lightning.export import export
+    from swax_lightning.commands.export import export
 
     other = run.with_name("step-2.ckpt")
     checkpoint = torch.load(run, weights_only=False)
@@ -125,7 +125,7 @@ def test_a_model_card_never_shows_another_checkpoints_results(run, tmp_path):
 
 
 def test_existing_folder_is_not_replaced_without_overwrite(run, exported):
-    from swax_lightning.export import export
+    from swax_lightning.commands.export import export
 
     before = (exported / "model.safetensors").read_bytes()
     with pytest.raises(FileExistsError, match="swax-tiny"):
@@ -146,7 +146,7 @@ def _fresh_checkpoint(path, arch, tokenizer="byte"):
 
 def test_tied_embeddings_round_trip(tmp_path):
     """A model whose head is its embedding: saved once, re-tied on load, same logits."""
-    from swax_lightning.export import export
+    from swax_lightning.commands.export import export
 
     module = _fresh_checkpoint(tmp_path / "tied.ckpt", ARCH | {"tie_embeddings": True})
     hf = transformers.AutoModelForCausalLM.from_pretrained(export(tmp_path / "tied.ckpt", tmp_path / "hf"),
@@ -159,8 +159,8 @@ def test_tied_embeddings_round_trip(tmp_path):
 def test_bpe_tokenizer_json_is_exported_as_trained(tmp_path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from swax_lightning.export import export
-    from swax_lightning.tokenizer import HFTokenizer
+    from swax_lightning.commands.export import export
+    from swax_lightning.data.tokenizer import HFTokenizer
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -24,9 +24,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from swax_lightning.config import ModelConfig
-from swax_lightning.parallel import build_local, build_sharded, fsdp_mesh, mixed_precision_policy
-from swax_lightning.strategy import FSDP2Strategy, mesh_shape
+from swax_lightning.model.config import ModelConfig
+from swax_lightning.training.parallel import build_local, build_sharded, fsdp_mesh, mixed_precision_policy
+from swax_lightning.training.strategy import FSDP2Strategy, mesh_shape
 
 CFG = ModelConfig(vocab_size=40, d_model=32, n_layers=4, n_heads=2, mlstm_heads=2, chunk_size=8, window=4,
                   pattern="SX")
@@ -138,24 +138,27 @@ def test_model_parallel_strategy_with_a_tensor_parallel_dimension_is_refused():
 
 
 # ---- bad input at start-up: one line, before any process is launched ---------------------------------------------
-def _start(capsys, *args):
+def _start(capsys, monkeypatch, tmp_path, *args):
     from main import main
 
+    monkeypatch.chdir(tmp_path)  # the run folder and data would go under it: never into the checkout's runs/
     with pytest.raises(SystemExit) as exit_:
-        main(["fit", "--config", "configs/tiny.yaml", "--trainer.devices", "2", *args])
+        main(["fit", "--config", str(ROOT / "configs" / "tiny.yaml"), "--trainer.devices", "2", *args])
     err = capsys.readouterr().err.strip()
     assert exit_.value.code == 2 and len(err.splitlines()) == 1 and err.startswith("error: "), err
     return err
 
 
-def test_lightning_model_parallel_default_mesh_is_refused_at_start(capsys):
-    err = _start(capsys, "--trainer.strategy", '{"class_path": "lightning.pytorch.strategies.ModelParallelStrategy"}')
+def test_lightning_model_parallel_default_mesh_is_refused_at_start(capsys, monkeypatch, tmp_path):
+    err = _start(capsys, monkeypatch, tmp_path, "--trainer.strategy",
+                 '{"class_path": "lightning.pytorch.strategies.ModelParallelStrategy"}')
     assert "data_parallel_size (1) x tensor_parallel_size (2)" in err and "own replica" in err
 
 
-def test_a_data_parallel_mesh_smaller_or_larger_than_the_world_names_the_world_size(capsys):
-    err = _start(capsys, "--trainer.strategy", '{"class_path": "lightning.pytorch.strategies.ModelParallelStrategy", '
-                                               '"init_args": {"data_parallel_size": 3, "tensor_parallel_size": 1}}')
+def test_a_data_parallel_mesh_smaller_or_larger_than_the_world_names_the_world_size(capsys, monkeypatch, tmp_path):
+    err = _start(capsys, monkeypatch, tmp_path, "--trainer.strategy",
+                 '{"class_path": "lightning.pytorch.strategies.ModelParallelStrategy", '
+                 '"init_args": {"data_parallel_size": 3, "tensor_parallel_size": 1}}')
     assert "data_parallel_size (3) x tensor_parallel_size (1) = 3 ranks, but the world size (num_nodes x devices) " \
            "is 2" in err and "replica" not in err
 
@@ -185,17 +188,18 @@ def test_collective_timeout_must_be_positive():
         FSDP2Strategy(collective_timeout=0)
 
 
-def test_shard_size_that_does_not_divide_the_world_is_refused_at_start(capsys):
-    err = _start(capsys, "--trainer.strategy", '{"class_path": "swax_lightning.strategy.FSDP2Strategy", '
-                                               '"init_args": {"sharding": "hybrid", "shard_size": 3}}')
+def test_shard_size_that_does_not_divide_the_world_is_refused_at_start(capsys, monkeypatch, tmp_path):
+    err = _start(capsys, monkeypatch, tmp_path, "--trainer.strategy",
+                 '{"class_path": "swax_lightning.training.strategy.FSDP2Strategy", '
+                 '"init_args": {"sharding": "hybrid", "shard_size": 3}}')
     assert "FSDP2Strategy.shard_size (3) must divide the world size: num_nodes (1) x devices (2) = 2" in err
 
 
-def test_more_gpus_than_the_machine_has_is_refused_at_start(capsys, monkeypatch):
+def test_more_gpus_than_the_machine_has_is_refused_at_start(capsys, monkeypatch, tmp_path):
     import lightning.fabric.accelerators.cuda as fabric_cuda
     import lightning.pytorch.accelerators.cuda as cuda
 
     for module in (fabric_cuda, cuda):  # a machine with one GPU
         monkeypatch.setattr(module, "num_cuda_devices", lambda: 1)
-    err = _start(capsys, "--trainer.accelerator", "cuda", "--trainer.strategy", "fsdp2")
+    err = _start(capsys, monkeypatch, tmp_path, "--trainer.accelerator", "cuda", "--trainer.strategy", "fsdp2")
     assert "[0, 1]" in err and "only has: [0]" in err

@@ -6,8 +6,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from swax_lightning.config import ModelConfig
-from swax_lightning.parallel import build_local, build_sharded
+from swax_lightning.model.config import ModelConfig
+from swax_lightning.training.parallel import build_local, build_sharded
 
 CFG = ModelConfig(vocab_size=40, d_model=32, n_layers=4, n_heads=2, mlstm_heads=2, chunk_size=8, window=4,
                   pattern="SX")

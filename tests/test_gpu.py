@@ -9,6 +9,7 @@ import os
 
 import pytest
 import torch
+
 from swax_lightning.kernels import backends, mlstm_chunkwise, sliding_window_attention, swa_reference
 
 pytestmark = [pytest.mark.gpu,
@@ -162,7 +163,6 @@ def test_deltanet_fla_matches_torch(T, dtype):
 
 def test_chunked_loss_backward_runs_in_bf16_under_autocast_on_cuda():
     from swax_lightning.kernels.ce.chunked import softcap_cross_entropy_chunked
-
     from tests.kernels.test_chunked_ce import MatmulDtypes
 
     g = torch.Generator(device="cuda").manual_seed(0)

@@ -1,9 +1,9 @@
-"""swax-import: pretrained Llama-family models become framework checkpoints with transformers' own logits, and
+"""swax import: pretrained Llama-family models become framework checkpoints with transformers' own logits, and
 training-free SWA with sinks runs on them.
 
 - Random small models of every supported family (saved by transformers as a folder, imported by the library and by
   the command as typed) give transformers' logits (fp32, max abs diff <= 1e-4), tokenize prompts as transformers
-  does (BOS from the tokenizer's template), and run through generate, main.py test and swax-export unchanged.
+  does (BOS from the tokenizer's template), and run through generate, main.py test and swax export unchanged.
 - On an imported model, SWA(w >= T) is exactly full attention; SWA(w, s) decoding with the bounded cache equals the
   masked whole-sequence forward, which equals transformers' model under the same mask, in both window conventions.
 - Bad input is one line with exit code 2: another family, a GGUF quantisation the gguf package cannot de-quantize, a
@@ -26,13 +26,12 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from swax_lightning.kernels.swa.naive import sliding_window_mask  # noqa: E402
-
-from swax_lightning import hf_import  # noqa: E402
-from swax_lightning.checkpoints import load_model  # noqa: E402
+from swax_lightning.commands.export import byte_tokenizer_json  # noqa: E402
 from swax_lightning.evals import ruler  # noqa: E402
-from swax_lightning.export import byte_tokenizer_json  # noqa: E402
-from swax_lightning.inference import generate, left_pad, override_attention, prefill  # noqa: E402
+from swax_lightning.kernels.swa.naive import sliding_window_mask  # noqa: E402
+from swax_lightning.model.inference import generate, left_pad, override_attention, prefill  # noqa: E402
+from swax_lightning.pretrained import hf_import  # noqa: E402
+from swax_lightning.training.checkpoints import load_model  # noqa: E402
 from tests.hf_models import FAMILIES, SIZES, VOCAB, make_pretrained, write_tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,11 +160,11 @@ def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def by_command(tmp_path_factory):
-    """A Llama (llama3 rope, tied, BOS) imported with `python -m swax_lightning.hf_import FOLDER --out OUT`."""
+    """A Llama (llama3 rope, tied, BOS) imported with `python -m swax_lightning import FOLDER --out OUT`."""
     root = tmp_path_factory.mktemp("command")
     hf = make_pretrained(root / "tiny-llama", "llama_llama3_tied", seed=1)
     out = root / "runs" / "pretrained" / "tiny-llama"
-    result = run("-m", "swax_lightning.hf_import", str(root / "tiny-llama"), "--out", str(out))
+    result = run("-m", "swax_lightning", "import", str(root / "tiny-llama"), "--out", str(out))
     assert result.returncode == 0, result.stderr
     return hf, out, result.stdout
 
@@ -184,7 +183,7 @@ def test_the_import_command_writes_a_run_folder(by_command):
 def test_generate_command_continues_as_transformers(by_command):
     hf, out, _ = by_command
     prompt = "def main(x):"
-    result = run("-m", "swax_lightning.generate", "--ckpt_path", str(out / "checkpoints" / "last.ckpt"),
+    result = run("-m", "swax_lightning", "generate", "--ckpt_path", str(out / "checkpoints" / "last.ckpt"),
                  "--prompt", prompt, "--max_new_tokens", "12")
     assert result.returncode == 0, result.stderr
     _, tokenizer = load_model(out / "checkpoints" / "last.ckpt")
@@ -197,7 +196,7 @@ def test_generate_command_continues_as_transformers(by_command):
 @pytest.mark.slow
 def test_main_test_and_export_run_on_the_import(by_command, tmp_path):
     """`main.py test --config <out>/config.yaml` with the training-free conversion (window counted with the sinks) and
-    loss by position through the streaming decoder: results.json records the convention; `swax-export` gives a folder
+    loss by position through the streaming decoder: results.json records the convention; `swax export` gives a folder
     transformers loads with the same logits."""
     hf, out, _ = by_command
     (tmp_path / "text").mkdir()
@@ -208,14 +207,14 @@ def test_main_test_and_export_run_on_the_import(by_command, tmp_path):
                  "--data.data_dir", str(tmp_path / "shards"), "--data.seq_len", "64",
                  "--data.val_fraction", "0.2", "--data.test_fraction", "0.2", "--trainer.limit_test_batches", "2",
                  "--eval.convert_full_attention", "true", "--eval.window", "12", "--eval.n_sink", "4",
-                 "--eval.window_includes_sinks", "true", "--eval.perplexity_len", "48",
-                 "--eval.perplexity_samples", "2")
+                 "--eval.window_includes_sinks", "true", "--eval.perplexity.length", "48",
+                 "--eval.perplexity.samples", "2")
     assert result.returncode == 0, result.stderr[-3000:]
     settings = json.loads((out / "eval" / "results.json").read_text())["settings"]
     assert (settings["window"], settings["sinks"], settings["window_includes_sinks"]) == (8, 4, True)
     assert settings["window_override"] == 12 and "sinks among them" in settings["window_convention"]
     exported = tmp_path / "export"
-    result = subprocess.run([str(Path(sys.executable).parent / "swax-export"), "--ckpt_path",
+    result = subprocess.run([str(Path(sys.executable).parent / "swax export"), "--ckpt_path",
                              str(out / "checkpoints" / "last.ckpt"), "--out", str(exported)],
                             cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
@@ -238,7 +237,7 @@ def test_an_unsupported_family_is_refused_naming_it(tmp_path):
     config = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=VOCAB)
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "gpt2")
     write_tokenizer(tmp_path / "gpt2", bos=False)
-    one_line_error(run("-m", "swax_lightning.hf_import", str(tmp_path / "gpt2"), "--out", str(tmp_path / "out")),
+    one_line_error(run("-m", "swax_lightning", "import", str(tmp_path / "gpt2"), "--out", str(tmp_path / "out")),
                    "model_type 'gpt2' is not supported")
     assert not (tmp_path / "out").exists()
 
@@ -275,7 +274,7 @@ def test_a_gguf_quantisation_the_reader_cannot_dequantize_is_one_line(tmp_path):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    one_line_error(run("-m", "swax_lightning.hf_import", str(path), "--out", str(tmp_path / "out")),
+    one_line_error(run("-m", "swax_lightning", "import", str(path), "--out", str(tmp_path / "out")),
                    "tensor token_embd.weight is quantized as Q8_1", "cannot de-quantize")
 
 
@@ -284,7 +283,7 @@ def test_a_window_beyond_the_models_positions_is_one_line(by_command, command):
     """The tiny Llama has 256 positions; both commands refuse SWA(300, 4) before any work."""
     _, out, _ = by_command
     ckpt = str(out / "checkpoints" / "last.ckpt")
-    args = {"generate": ["-m", "swax_lightning.generate", "--ckpt_path", ckpt, "--prompt", "x",
+    args = {"generate": ["-m", "swax_lightning", "generate", "--ckpt_path", ckpt, "--prompt", "x",
                          "--convert_full_attention", "true", "--window", "300"],
             "main.py test": ["main.py", "test", "--config", str(out / "config.yaml"), "--ckpt_path", ckpt,
                              "--eval.convert_full_attention", "true", "--eval.window", "300"]}[command]
@@ -304,7 +303,7 @@ def test_a_tokenizer_that_is_not_the_checkpoints_is_one_line(by_command, tmp_pat
 def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused(tmp_path):
     """A folder whose tokenizer (257 ids) is another model's than its 200-id model's."""
     make_pretrained(tmp_path / "small-vocab", "qwen2_biases", vocab_size=200)
-    one_line_error(run("-m", "swax_lightning.hf_import", str(tmp_path / "small-vocab"), "--out", str(tmp_path / "out")),
+    one_line_error(run("-m", "swax_lightning", "import", str(tmp_path / "small-vocab"), "--out", str(tmp_path / "out")),
                    "tokenizer has 257 ids but the model only 200")
     assert not (tmp_path / "out").exists()
 
@@ -373,7 +372,7 @@ def test_smollm2_swa_decoding_with_the_bounded_cache_equals_the_masked_forward(s
 def test_smollm2_finds_a_ruler_needle_through_the_generate_command(smollm2):
     _, _, tokenizer, ckpt = smollm2
     sample = ruler.NIAHGenerator(tokenizer, 12, seed=0).sample("niah_single_1", 800, 0.5)
-    result = run("-m", "swax_lightning.generate", "--ckpt_path", str(ckpt), "--prompt", sample.input_text,
+    result = run("-m", "swax_lightning", "generate", "--ckpt_path", str(ckpt), "--prompt", sample.input_text,
                  "--max_new_tokens", "12")
     assert result.returncode == 0, result.stderr[-2000:]
     answer = result.stdout.split(sample.input_text)[-1]

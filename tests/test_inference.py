@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from swax_lightning.config import ModelConfig
-from swax_lightning.inference import generate, left_pad, prefill, sample
-from swax_lightning.model import SWAXModel
+from swax_lightning.model.config import ModelConfig
+from swax_lightning.model.inference import generate, left_pad, prefill, sample
+from swax_lightning.model.model import SWAXModel
 
 # A larger init and open input gates make every mixer matter to the logits, so a wrong cache cannot hide.
 BASE = dict(vocab_size=50, d_model=32, n_heads=4, mlstm_heads=2, deltanet_heads=2, chunk_size=8, window=5, init_std=0.2,
@@ -121,7 +121,7 @@ def test_bad_prompts_are_named(prompts, match):
 def test_checkpoint_that_does_not_match_the_config(tmp_path):
     import lightning as L
 
-    from swax_lightning.module import LanguageModule
+    from swax_lightning.training.module import LanguageModule
 
     module = LanguageModule(arch=BASE | dict(pattern="SX", n_layers=2))
     module.configure_model()
@@ -141,8 +141,8 @@ def test_checkpoint_that_does_not_match_the_config(tmp_path):
 def test_generate_command_from_a_checkpoint(tmp_path, capsys):
     import lightning as L
 
-    from swax_lightning.generate import main
-    from swax_lightning.module import LanguageModule
+    from swax_lightning.commands.generate import generate_texts as main
+    from swax_lightning.training.module import LanguageModule
 
     module = LanguageModule(arch=dict(vocab_size=257, d_model=32, n_layers=2, n_heads=2, mlstm_heads=2, window=8))
     module.configure_model()

@@ -13,16 +13,16 @@ import sys
 import pytest
 import torch
 
-from swax_lightning.config import ModelConfig
-from swax_lightning.memory import estimate, saved_activation_bytes
+from swax_lightning.commands.memory import estimate, saved_activation_bytes
+from swax_lightning.model.config import ModelConfig
 
 SMALL = dict(vocab_size=257, d_model=256, n_layers=4, n_heads=4, mlstm_heads=2, chunk_size=64, window=128)
 B, T = 4, 1024
 
 CHILD = """
 import json, sys, torch
-from swax_lightning.config import ModelConfig
-from swax_lightning.parallel import build_local
+from swax_lightning.model.config import ModelConfig
+from swax_lightning.training.parallel import build_local
 cfg = ModelConfig(**json.loads(sys.argv[1]))
 model = build_local(cfg, seed=0, activation_checkpointing=sys.argv[2] == "1")
 small = torch.zeros(1, 64, dtype=torch.long)
@@ -71,7 +71,9 @@ def test_checkpointed_count_matches_measured_peak():
 def test_arithmetic_parts_and_sharding():
     cfg = ModelConfig(**SMALL)
     one, eight = estimate(cfg, 2, 256, shards=1), estimate(cfg, 2, 256, shards=8)
-    n = sum(p.numel() for p in __import__("swax_lightning.model", fromlist=["SWAXModel"]).SWAXModel(cfg).parameters())
+    from swax_lightning.model.model import SWAXModel
+
+    n = sum(p.numel() for p in SWAXModel(cfg).parameters())
     assert one.params == n and one.weights_gib == pytest.approx(4 * n / 2**30)
     assert one.optimizer_gib == pytest.approx(2 * one.grads_gib)
     assert eight.weights_gib == pytest.approx(one.weights_gib / 8)
@@ -82,7 +84,7 @@ def test_arithmetic_parts_and_sharding():
 @pytest.mark.parametrize("config,params", [("7b_stochastic.yaml", "6.86B"), ("1.4b_SD.yaml", "1.42B")])
 def test_command_on_the_paper_configs(config, params):
     # 1.4b_SD.yaml is `extends: 1.4b_w2048.yaml` plus the pattern: the estimate must follow it to the paper shape.
-    out = subprocess.run([sys.executable, "-m", "swax_lightning.memory", "--config", f"configs/{config}"],
+    out = subprocess.run([sys.executable, "-m", "swax_lightning", "memory", "--config", f"configs/{config}"],
                          capture_output=True, text=True, check=True).stdout
     assert f"{params} parameters, FSDP2 over 64 GPUs, 4 x 16384 tokens" in out
     assert "with activation checkpointing" in out
@@ -106,7 +108,7 @@ def test_the_estimate_reaches_every_layer_kind_through_the_dispatch_hook(monkeyp
     """The meta-device count runs each layer's kernel as the GPU kernel's saved-set stand-in, through the dispatch's
     own hook (kernels.substituted), for attention, mLSTM and Gated DeltaNet layers alike (the DeltaNet layers were
     once missed: they ran the PyTorch path's saved set)."""
-    import swax_lightning.memory as memory
+    import swax_lightning.commands.memory as memory
 
     calls = {"attention": 0, "mlstm": 0, "deltanet": 0}
     for op in calls:

@@ -2,10 +2,10 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from swax_lightning.kernels import MLSTMState, mlstm_chunkwise, mlstm_parallel, mlstm_recurrent
 
-from swax_lightning.config import ModelConfig
-from swax_lightning.mlstm import MLSTMLayer
+from swax_lightning.kernels import MLSTMState, mlstm_chunkwise, mlstm_parallel, mlstm_recurrent
+from swax_lightning.model.config import ModelConfig
+from swax_lightning.model.mlstm import MLSTMLayer
 
 
 def _inputs(T, B=2, H=3, dqk=8, dv=16, dtype=torch.float64, seed=0, gate_scale=3.0):

@@ -2,8 +2,9 @@
 import pytest
 import torch
 
-from swax_lightning.config import ConfigError, ModelConfig
-from swax_lightning.model import SWAXModel
+from swax_lightning.core.errors import ConfigError
+from swax_lightning.model.config import ModelConfig
+from swax_lightning.model.model import SWAXModel
 
 SMALL = dict(vocab_size=50, d_model=32, n_heads=4, mlstm_heads=2, deltanet_heads=2, chunk_size=8, window=5)
 

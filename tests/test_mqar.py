@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from swax_lightning import mqar
+from swax_lightning.data import mqar_episodes as mqar
+from swax_lightning.data.recall_documents import RecallMix, training_document
+from swax_lightning.data.tokenizer import load_tokenizer
 from swax_lightning.evals.mqar import encode_episode, mqar_by_gap
 from swax_lightning.evals.reports import flat_metrics, markdown
-from swax_lightning.recall_documents import RecallMix, training_document
-from swax_lightning.tokenizer import load_tokenizer
 
 PAIR = re.compile(r"([a-z]+)([A-Z])")
 
@@ -157,7 +157,7 @@ def test_the_report_table_and_scalars_hold_every_gap():
 
 
 def _mqar_data(tmp_path, documents=4):
-    from swax_lightning.data import TextDataModule
+    from swax_lightning.data.datamodule import TextDataModule
 
     source = tmp_path / "text"
     source.mkdir(exist_ok=True)
@@ -173,10 +173,10 @@ def test_mqar_documents_are_scored_on_their_queried_values_only(tmp_path):
     # document that are scored are exactly its queried values, text is scored whole, and the loss is the mean
     # cross-entropy over exactly the scored targets.
     from litdata import StreamingDataset, TokensLoader
-    from swax_lightning.kernels.ce.chunked import IGNORE_INDEX
 
-    from swax_lightning.loss_mask import CONTEXT_ONLY, inputs_and_targets
-    from swax_lightning.module import LanguageModule
+    from swax_lightning.data.loss_mask import CONTEXT_ONLY, inputs_and_targets
+    from swax_lightning.kernels.ce.chunked import IGNORE_INDEX
+    from swax_lightning.training.module import LanguageModule
 
     data = _mqar_data(tmp_path)
     data.prepare_data()
@@ -219,8 +219,8 @@ def _queried_values(doc: str):
 
 
 def test_a_batch_of_context_only_adds_nothing():
-    from swax_lightning.loss_mask import CONTEXT_ONLY
-    from swax_lightning.module import LanguageModule
+    from swax_lightning.data.loss_mask import CONTEXT_ONLY
+    from swax_lightning.training.module import LanguageModule
 
     module = LanguageModule(arch={"d_model": 32, "n_heads": 2, "mlstm_heads": 2, "n_layers": 2, "window": 8})
     module.configure_model()
@@ -255,9 +255,9 @@ def test_two_preparations_of_one_folder_take_turns(tmp_path):
 def test_the_training_loader_reads_marked_mqar_blocks_and_still_names_a_foreign_id(tmp_path):
     # A 2,000-step study arm stopped at its first MQAR batch: the loader's vocabulary check read the context-only
     # mark as a token id (1,073,741,946 against 257).
-    from swax_lightning.config import InputError
-    from swax_lightning.data import within_vocabulary
-    from swax_lightning.loss_mask import CONTEXT_ONLY
+    from swax_lightning.core.errors import InputError
+    from swax_lightning.data.datamodule import within_vocabulary
+    from swax_lightning.data.loss_mask import CONTEXT_ONLY
 
     data = _mqar_data(tmp_path)
     data.prepare_data()

@@ -41,14 +41,14 @@ SHORTENED = [
                          "--trainer.enable_progress_bar", "false"]),
     (r"main\.py (test|validate)\b", ["--trainer.limit_test_batches", "1", "--trainer.limit_val_batches", "1",
                                      "--data.batch_size", "2", "--trainer.enable_progress_bar", "false",
-                                     "--eval.niah_tasks", "[niah_single_1]", "--eval.niah_lengths", "[512]",
-                                     "--eval.niah_samples", "1", "--eval.niah_depths", "1",
-                                     "--eval.babilong_tasks", "[qa1]",
-                                     "--eval.babilong_lengths", "[0]", "--eval.babilong_samples", "1",
-                                     "--eval.perplexity_len", "256", "--eval.perplexity_samples", "1",
-                                     "--eval.max_new_tokens", "8"]),
+                                     "--eval.niah.tasks", "[niah_single_1]", "--eval.niah.lengths", "[512]",
+                                     "--eval.niah.samples", "1", "--eval.niah.depths", "1",
+                                     "--eval.babilong.tasks", "[qa1]",
+                                     "--eval.babilong.lengths", "[0]", "--eval.babilong.samples", "1",
+                                     "--eval.perplexity.length", "256", "--eval.perplexity.samples", "1",
+                                     "--eval.niah.max_new_tokens", "8"]),
     (r"main\.py predict\b", ["--model.generation.max_new_tokens", "8", "--trainer.enable_progress_bar", "false"]),
-    (r"swax_lightning\.generate\b", ["--max_new_tokens", "8"]),
+    (r"swax_lightning generate\b", ["--max_new_tokens", "8"]),
 ]
 
 

@@ -5,11 +5,11 @@ import re
 import pytest
 import torch
 
+from swax_lightning.data.recall_documents import RecallMix, eval_sample, training_document
+from swax_lightning.data.tokenizer import load_tokenizer
 from swax_lightning.evals.essay import generated_essay, prose_sentences
 from swax_lightning.evals.recall_loss import answer_loss, bucket_distances, recall_losses
 from swax_lightning.evals.ruler import load_words
-from swax_lightning.recall_documents import RecallMix, eval_sample, training_document
-from swax_lightning.tokenizer import load_tokenizer
 
 FACT = re.compile(r"One of the special magic numbers for (\w+) is: (\d+)\.")
 QUESTION = re.compile(r"What is the special magic number for (\w+)\? The special magic number for \1 is: (\d+)\.")
@@ -114,7 +114,7 @@ def test_buckets_hold_their_distances_and_report_intervals():
     edges = [1, 8, 128, 1024]
     jobs = bucket_distances(edges, 5, seed=0)
     assert all(lo <= d < hi for lo, hi, d in jobs) and len(jobs) == 15
-    with pytest.raises(ValueError, match="recall_edges"):
+    with pytest.raises(ValueError, match="eval.recall.edges"):
         bucket_distances([8, 8], 1, 0)
     out = recall_losses(Blind(), load_tokenizer("byte"), edges, 3)
     assert [(b["from"], b["to"], b["n"]) for b in out["buckets"]] == [(1, 8, 3), (8, 128, 3), (128, 1024, 3)]
@@ -127,7 +127,7 @@ def test_buckets_hold_their_distances_and_report_intervals():
 def test_recall_documents_go_to_the_training_split_only(tmp_path):
     from litdata import StreamingDataset, TokensLoader
 
-    from swax_lightning.data import TextDataModule
+    from swax_lightning.data.datamodule import TextDataModule
 
     source = tmp_path / "text"
     source.mkdir()

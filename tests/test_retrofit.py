@@ -1,5 +1,5 @@
-"""The LoLCATs-style retrofit (swax_lightning/retrofit.py) and the comparison command around it
-(retrofit_experiment.py), on a random small Llama imported through swax-import (GQA: 4 query heads, 2 key/value
+"""The LoLCATs-style retrofit (swax_lightning/pretrained/retrofit.py) and the comparison command around it
+(retrofit_experiment.py), on a random small Llama imported through swax import (GQA: 4 query heads, 2 key/value
 heads), so they run without the real model:
 
 - the converted model keeps every teacher weight that has a counterpart: pattern A is the teacher exactly; students
@@ -28,11 +28,12 @@ import yaml
 
 transformers = pytest.importorskip("transformers")
 
-from swax_lightning import hf_import, retrofit  # noqa: E402
-from swax_lightning.checkpoints import load_model  # noqa: E402
+from swax_lightning.data.loss_mask import CONTEXT_ONLY, inputs_and_targets  # noqa: E402
 from swax_lightning.evals.essay import generated_essay  # noqa: E402
-from swax_lightning.lora import LoRALinear, add_lora, merge_lora  # noqa: E402
-from swax_lightning.retrofit_experiment import check_variants, read_config, write_converted  # noqa: E402
+from swax_lightning.pretrained import hf_import, retrofit  # noqa: E402
+from swax_lightning.pretrained.experiment import check_variants, read_config, write_converted  # noqa: E402
+from swax_lightning.pretrained.lora import LoRALinear, add_lora, merge_lora  # noqa: E402
+from swax_lightning.training.checkpoints import load_model  # noqa: E402
 from tests.hf_models import make_pretrained  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,13 +56,32 @@ def ids(batch: int = 1, length: int = T, seed: int = 0) -> torch.Tensor:
 TEXT = torch.tensor(list(generated_essay(seed=0).encode()[:100_000]))
 
 
-def text_batches(seed: int):
-    """Endless batches [2, T + 1] of byte ids of prose at seeded random places: text gives the teacher's attention
+def text_blocks(seed: int):
+    """Endless blocks [2, T + 1] of byte ids of prose at seeded random places: text gives the teacher's attention
     patterns a student can learn (on random ids a random teacher attends by position only)."""
     generator = torch.Generator().manual_seed(seed)
     while True:
         starts = torch.randint(0, len(TEXT) - T - 1, (2,), generator=generator)
         yield torch.stack([TEXT[s:s + T + 1] for s in starts.tolist()])
+
+
+def text_batches(seed: int):
+    """(inputs, targets) of text_blocks, as retrofit.token_batches hands the stages their data."""
+    for block in text_blocks(seed):
+        yield inputs_and_targets(block)
+
+
+def test_the_retrofits_batches_come_without_context_only_marks():
+    # A training split with recall documents stores context-only ids as id + 2^30 (loss_mask.py): the retrofit's
+    # reader hands the stages ids inside the vocabulary and ignores the marked targets, as main.py fit does.
+    import numpy as np
+
+    from swax_lightning.kernels.ce.chunked import IGNORE_INDEX
+
+    blocks = [np.array([5 + CONTEXT_ONLY, 6 + CONTEXT_ONLY, 7, 8 + CONTEXT_ONLY, 9], dtype=np.int32)] * 4
+    inputs, targets = next(retrofit.token_batches(blocks, 2, seed=0, device="cpu"))
+    assert inputs.tolist() == [[5, 6, 7, 8]] * 2
+    assert targets.tolist() == [[IGNORE_INDEX, 7, IGNORE_INDEX, 9]] * 2
 
 
 # ---- the converted model --------------------------------------------------------------------------------------------
@@ -114,7 +134,7 @@ def test_a_teacher_that_is_not_full_attention_or_a_wrong_letter_is_refused(teach
 def test_calibration_is_the_least_squares_scale(teacher):
     model, _ = teacher
     student = retrofit.converted_model(model, "X", seed=0)
-    inputs, outputs = retrofit.mixer_io(model, next(text_batches(5)))
+    inputs, outputs = retrofit.mixer_io(model, next(text_batches(5))[0])
     with torch.no_grad():
         before = [float(retrofit.relative_mse(student.blocks[i].mixer(inputs[i]), outputs[i])) for i in range(2)]
     assert len(retrofit.calibrate_output_scale(student, inputs, outputs)) == 2
@@ -130,7 +150,7 @@ def test_calibration_is_the_least_squares_scale(teacher):
 def test_attention_transfer_lowers_the_held_out_layer_error(teacher, tmp_path):
     model, _ = teacher
     students = {"gdn": retrofit.converted_model(model, "D", seed=0), "mlstm": retrofit.converted_model(model, "X")}
-    held_out = next(text_batches(99))[:1]
+    held_out = next(text_batches(99))[0][:1]
     before = {name: retrofit.transfer_errors(model, s, held_out) for name, s in students.items()}
     cfg = retrofit.TransferConfig(tokens=60 * 2 * T, lr=1e-2)
     losses = retrofit.attention_transfer(model, students, text_batches(0), 60, cfg, tmp_path / "p.pt",
@@ -227,7 +247,7 @@ def test_the_converted_checkpoint_loads_and_generates(teacher, tmp_path):
     assert loaded.cfg.layer_kinds == "DX" and tokenizer.fingerprint == load_model(teacher_ckpt)[1].fingerprint
     with torch.no_grad():
         assert torch.equal(loaded(ids()), converted(ids()))
-    result = subprocess.run([sys.executable, "-m", "swax_lightning.generate", "--ckpt_path", str(ckpt), "--prompt",
+    result = subprocess.run([sys.executable, "-m", "swax_lightning", "generate", "--ckpt_path", str(ckpt), "--prompt",
                              "The grass is", "--max_new_tokens", "5"], cwd=ROOT, capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0 and "The grass is" in result.stdout, result.stderr[-2000:]
@@ -245,9 +265,10 @@ def experiment_config(folder: Path, source: str, **changes) -> Path:
         "students": {"gdn": {"pattern": "D"}, "mlstm": {"pattern": "X"}},
         "transfer": {"tokens": 4 * 2 * T, "save_every": 2}, "lora": {"tokens": 2 * 2 * T, "save_every": 1},
         "evaluate": {"windows": [16, 1024], "sinks": [4, 0], "choice_items": 3, "suite": {
-            "niah_tasks": ["niah_single_2"], "niah_lengths": [640], "niah_depths": [0.25, 0.75], "niah_samples": 2,
-            "babilong_tasks": ["qa1"], "babilong_lengths": [0], "babilong_samples": 1, "perplexity_len": 128,
-            "perplexity_samples": 1, "max_new_tokens": 8}}}
+            "niah": {"tasks": ["niah_single_2"], "lengths": [640], "depths": [0.25, 0.75], "samples": 2,
+                     "max_new_tokens": 8},
+            "babilong": {"tasks": ["qa1"], "lengths": [0], "samples": 1},
+            "perplexity": {"length": 128, "samples": 1}}}}
     for key, value in changes.items():  # a section's fields are merged one level deep; students are replaced
         settings[key] = {**settings[key], **value} if key in ("data", "transfer", "lora", "evaluate") else value
     (folder / "text").mkdir(exist_ok=True)
@@ -259,7 +280,7 @@ def experiment_config(folder: Path, source: str, **changes) -> Path:
 
 
 def run_experiment(config: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "swax_lightning.retrofit", "run", str(config), *extra], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "swax_lightning", "retrofit", "run", str(config), *extra], cwd=ROOT,
                           capture_output=True, text=True, timeout=1200)
 
 
@@ -295,7 +316,7 @@ def test_the_experiment_command_evaluates_every_variant_and_resumes(tmp_path):
     # A second run skips everything; a removed result is evaluated again, and so is one of other evaluate settings.
     (out / "variants" / "retrofit-gdn" / "variant.json").unlink()
     done = out / "variants" / "swa16-sink0" / "variant.json"
-    done.write_text(json.dumps(json.loads(done.read_text()) | {"settings": {"suite": {"niah_depths": [0.5]}}}))
+    done.write_text(json.dumps(json.loads(done.read_text()) | {"settings": {"suite": {"niah": {"depths": [0.5]}}}}))
     second = run_experiment(config)
     assert second.returncode == 0, second.stderr[-3000:]
     statuses = dict(re.findall(r"^\[ *\d+ s\] (\S+): (.*)$", second.stdout, flags=re.M))
@@ -333,9 +354,9 @@ def test_the_shipped_experiment_configs_read_and_put_needles_inside_and_beyond_t
     # a depth whose needle ends the haystack (inside every window) and one at its start (beyond them): the
     # comparison's reading needs both.
     cfg = read_config(ROOT / "configs" / "retrofit" / name)
-    depths = cfg.evaluate.make_suite().niah_depths
-    assert max(depths) == 1.0 and min(depths) == 0.0
-    assert max(cfg.evaluate.windows) < min(cfg.evaluate.suite["niah_lengths"])  # depth 0: beyond every window
+    niah = cfg.evaluate.make_suite().evaluation("niah").settings
+    assert max(niah.depths) == 1.0 and min(niah.depths) == 0.0
+    assert max(cfg.evaluate.windows) < min(niah.lengths)  # depth 0: beyond every window
 
 
 @pytest.mark.slow
@@ -347,8 +368,8 @@ def test_the_experiment_command_on_the_real_smollm2(tmp_path):
     config = experiment_config(
         tmp_path, "smollm2", students={"gdn": {"pattern": "D"}}, transfer={"tokens": 2 * 2 * T},
         lora={"tokens": 2 * T}, evaluate={"windows": [64], "sinks": [4], "choice_items": 1, "suite": {
-            "niah_tasks": ["niah_single_2"], "niah_lengths": [512], "niah_depths": [0.75], "niah_samples": 1,
-            "max_new_tokens": 12}})
+            "niah": {"tasks": ["niah_single_2"], "lengths": [512], "depths": [0.75], "samples": 1,
+                     "max_new_tokens": 12}}})
     result = run_experiment(config)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -361,7 +382,7 @@ def test_the_experiment_command_on_the_real_smollm2(tmp_path):
 
 def test_the_paper_ratio_is_none_and_says_why_when_no_retrofit_scored():
     # A window-only SWA and two retrofits that all miss every needle gave "inf (0.0 / 0.0)": no ratio exists there.
-    from swax_lightning.retrofit_report import ratio_lines, ratios
+    from swax_lightning.pretrained.report import ratio_lines, ratios
 
     def variant(name, family, scores, window=None):
         samples = [{"eval": "niah", "score": s} for s in scores]

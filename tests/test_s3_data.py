@@ -9,7 +9,7 @@ import torch
 from litdata.streaming import downloader
 from test_data import SEQ, source  # noqa: F401  (the module's small source folder)
 
-from swax_lightning.data import TextDataModule
+from swax_lightning.data.datamodule import TextDataModule
 
 ThreadedMotoServer = pytest.importorskip("moto.server", reason="moto: bash setup.sh installs it").ThreadedMotoServer
 
@@ -112,7 +112,7 @@ def test_a_missing_or_truncated_chunk_in_the_bucket_is_named(source, endpoint, b
 def test_an_interrupted_upload_is_never_taken_for_shards(source, endpoint, bucket, tmp_path, monkeypatch):  # noqa: F811
     """The upload stops after two files: the bucket holds no meta.json, so a node refuses to train from it, and the
     next preparation refuses to write over it, each naming the folder."""
-    import swax_lightning.remote as remote
+    import swax_lightning.data.remote as remote
 
     url, sent = f"{bucket}/corpus", []
     real_upload = remote.RemoteFolder.upload

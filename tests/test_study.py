@@ -11,9 +11,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1",
-         "--data.batch_size", "2", "--eval.niah_lengths", "[512]", "--eval.niah_samples", "4", "--eval.niah_depths",
-         "4", "--eval.recall_edges", "[1, 8, 128]", "--eval.recall_samples", "2", "--eval.mqar_gaps", "[0, 64]",
-         "--eval.mqar_samples", "4", "--data.recall.documents", "50"]
+         "--data.batch_size", "2", "--eval.niah.lengths", "[512]", "--eval.niah.samples", "4", "--eval.niah.depths",
+         "4", "--eval.recall.edges", "[1, 8, 128]", "--eval.recall.samples", "2", "--eval.mqar.gaps", "[0, 64]",
+         "--eval.mqar.samples", "4", "--data.recall.documents", "50"]
 
 
 @pytest.mark.slow
@@ -22,7 +22,7 @@ def test_the_study_command_trains_evaluates_collects_and_resumes(tmp_path):
     study.mkdir()
     for name in ("_base.yaml", "w_short.yaml", "w_long.yaml"):
         shutil.copy(ROOT / "configs/study" / name, study)
-    cmd = [sys.executable, "-m", "swax_lightning.study", "run", str(study), "--seeds", "0", "1", "--jobs", "2",
+    cmd = [sys.executable, "-m", "swax_lightning", "study", "run", str(study), "--seeds", "0", "1", "--jobs", "2",
            "--save_dir", str(tmp_path / "runs"), "--", *SMALL, "--data.data_dir", str(tmp_path / "data")]
     first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -59,7 +59,7 @@ def _scalar_tags(run: Path) -> set[str]:
 def test_the_report_gives_each_arm_its_mean_and_seed_range_per_gap():
     # Two seeds of one arm, one of another: every column is the seeds' mean (lowest-highest); a single seed is its
     # value alone; a missing measurement is NaN, not a silent zero; each run's intervals and environment are listed.
-    from swax_lightning.study import report
+    from swax_lightning.study.sweep import report
 
     def run(val, accuracy, loss, niah, recall, threads=1):
         gap = {"gap": 0, "reach": [5, 55], "accuracy": accuracy, "accuracy_ci95": [accuracy - 3, accuracy + 4],
@@ -88,7 +88,7 @@ def test_the_report_gives_each_arm_its_mean_and_seed_range_per_gap():
 def test_compare_flags_a_cell_where_one_sweeps_mean_leaves_the_others_seed_range():
     # Gap 0: the sweeps' means (20, 21) lie inside each other's seed ranges; gap 512: the second sweep's mean (30)
     # lies above every seed of the first (3-5): that cell differs, and the count says so.
-    from swax_lightning.study import compare
+    from swax_lightning.study.sweep import compare
 
     def sweep(*per_seed):
         return {("w_long", seed): {"environment": {}, "results": {"mqar": {"gaps": [
@@ -102,14 +102,14 @@ def test_compare_flags_a_cell_where_one_sweeps_mean_leaves_the_others_seed_range
 
 @pytest.mark.slow
 def test_the_gpu_study_configs_train_a_step_and_evaluate_on_cpu_at_toy_size(tmp_path):
-    # configs/study_gpu at a toy size on CPU: a BPE trained by swax_lightning.train_tokenizer on a small source, every
+    # configs/study_gpu at a toy size on CPU: a BPE trained by `swax tokenizer` on a small source, every
     # arm's config parses (print_config), and one arm fits a step and runs its evaluations through the study command.
     source = tmp_path / "text"
     source.mkdir()
     for i in range(30):
         (source / f"doc{i}.txt").write_text(" ".join(f"word{(i * 7 + j) % 50} is: {j % 10}." for j in range(300)))
     tokenizer = tmp_path / "tok.json"
-    subprocess.run([sys.executable, "-m", "swax_lightning.train_tokenizer", "--source", str(source), "--vocab_size",
+    subprocess.run([sys.executable, "-m", "swax_lightning", "tokenizer", "--source", str(source), "--vocab_size",
                     "600", "--out", str(tokenizer)], cwd=ROOT, check=True, timeout=120)
     toy = ["--trainer.accelerator", "cpu", "--trainer.precision", "32-true", "--trainer.max_steps", "1",
            "--trainer.val_check_interval", "1", "--trainer.limit_val_batches", "1", "--model.arch.d_model", "64",
@@ -117,7 +117,7 @@ def test_the_gpu_study_configs_train_a_step_and_evaluate_on_cpu_at_toy_size(tmp_
            "--data.source", str(source), "--data.tokenizer", str(tokenizer), "--data.data_dir", str(tmp_path / "data"),
            "--data.seq_len", "256", "--data.batch_size", "2", "--data.num_workers", "0", "--data.recall.documents",
            "4", "--data.recall.doc_chars", "2000", "--data.recall.near_limit", "200", "--data.recall.max_distance",
-           "600", "--eval.niah_lengths", "[1024]", "--eval.recall_edges", "[100, 200, 400]", "--eval.recall_samples",
+           "600", "--eval.niah.lengths", "[1024]", "--eval.recall.edges", "[100, 200, 400]", "--eval.recall.samples",
            "2", "--eval.chunk_len", "256"]
     for arm in sorted((ROOT / "configs/study_gpu").glob("[!_]*.yaml")):
         printed = subprocess.run([sys.executable, "main.py", "fit", "--config", str(arm), *toy, "--print_config"],
@@ -127,7 +127,7 @@ def test_the_gpu_study_configs_train_a_step_and_evaluate_on_cpu_at_toy_size(tmp_
     study.mkdir()
     for name in ("_base.yaml", "stochastic_p0.5.yaml"):
         shutil.copy(ROOT / "configs/study_gpu" / name, study)
-    run = subprocess.run([sys.executable, "-m", "swax_lightning.study", "run", str(study), "--seeds", "0",
+    run = subprocess.run([sys.executable, "-m", "swax_lightning", "study", "run", str(study), "--seeds", "0",
                           "--save_dir", str(tmp_path / "runs"), "--", *toy], cwd=ROOT, capture_output=True, text=True,
                          timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -5,12 +5,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 from lightning.pytorch.callbacks import ThroughputMonitor
-from swax_lightning.kernels import sliding_window_mask
 from torch.utils.flop_counter import FlopCounterMode
 
-from swax_lightning.config import ModelConfig
-from swax_lightning.model import SWAXModel
-from swax_lightning.throughput import TokenThroughput, analytic_flops, h200_peak_flops, visible_pairs
+from swax_lightning.kernels import sliding_window_mask
+from swax_lightning.model.config import ModelConfig
+from swax_lightning.model.layers import visible_pairs
+from swax_lightning.model.model import SWAXModel
+from swax_lightning.training.throughput import TokenThroughput, analytic_flops, h200_peak_flops
 
 CFG = dict(d_model=64, n_heads=2, mlstm_heads=2, chunk_size=16, n_layers=2)
 

@@ -1,7 +1,7 @@
-"""The watchdog (swax_lightning/watchdog.py) in a process of its own: no beat for `timeout` while watching ends the
-process with one line naming the rank and the phase; resting (the evaluation suite) is never cut; SIGTERM ends a
-process whose main thread is blocked in C code (as in a collective), with one line and status 143; a forked child's
-SIGTERM is not taken for the parent's. The same inside real sharded runs: tests/test_distributed.py."""
+"""The watchdog (swax_lightning/training/watchdog.py) in a process of its own: no beat for `timeout` while watching
+ends the process with one line naming the rank and the phase; resting (the evaluation suite) is never cut; SIGTERM
+ends a process whose main thread is blocked in C code (as in a collective), with one line and status 143; a forked
+child's SIGTERM is not taken for the parent's. The same inside real sharded runs: tests/test_distributed.py."""
 import signal
 import subprocess
 import sys
@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from swax_lightning.watchdog import SIGTERM_STATUS, collective_failure
+from swax_lightning.training.watchdog import SIGTERM_STATUS, collective_failure
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = textwrap.dedent("""
     import os, signal, sys, time
-    from swax_lightning.watchdog import Watchdog
+    from swax_lightning.training.watchdog import Watchdog
 
     mode, timeout = sys.argv[1], float(sys.argv[2])
     dog = Watchdog(rank=3, timeout=timeout)

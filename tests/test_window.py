@@ -8,9 +8,9 @@ import pytest
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
-from swax_lightning.data import TextDataModule
-from swax_lightning.module import LanguageModule
-from swax_lightning.window import StochasticWindow
+from swax_lightning.data.datamodule import TextDataModule
+from swax_lightning.training.module import LanguageModule
+from swax_lightning.training.window import StochasticWindow
 
 PAPER = dict(windows=[128, 2048], probs=[0.75, 0.25], anneal_fraction=0.1, eval_window=2048)
 

@@ -2,11 +2,12 @@
 norm (mean subtracted, fp32, weight, no bias) makes them equal; the RMSNorm option, kept for comparison, does not."""
 import pytest
 import torch
-from swax_lightning.kernels import mlstm_parallel
 
-from swax_lightning.building_blocks import MultiHeadLayerNorm, MultiHeadRMSNorm
-from swax_lightning.config import ConfigError, ModelConfig
-from swax_lightning.mlstm import MLSTMLayer
+from swax_lightning.core.errors import ConfigError
+from swax_lightning.kernels import mlstm_parallel
+from swax_lightning.model.building_blocks import MultiHeadLayerNorm, MultiHeadRMSNorm
+from swax_lightning.model.config import ModelConfig
+from swax_lightning.model.mlstm import MLSTMLayer
 
 CFG = dict(d_model=64, mlstm_heads=4, chunk_size=16, gate_soft_cap=15.0, norm_eps=1e-6)
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 
 import torch
+
 from swax_lightning.kernels.util import fp32, soft_cap
 
 ROWS = 1024

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
 from swax_lightning.kernels.util import fp32, soft_cap
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
 from swax_lightning.kernels.deltanet.naive import zero_state
 from swax_lightning.kernels.util import fp32
 

@@ -10,6 +10,7 @@ Shapes: q, k [B, T, H, DK], v [B, T, H, DV], beta, g [B, T, H]; state [B, H, DK,
 from __future__ import annotations
 
 import torch
+
 from swax_lightning.kernels.util import fp32
 
 

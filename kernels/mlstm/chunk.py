@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
 from swax_lightning.kernels.mlstm.naive import EPS, MLSTMState
 from swax_lightning.kernels.util import fp32
 

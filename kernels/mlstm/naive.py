@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+
 from swax_lightning.kernels.util import fp32
 
 EPS = 1e-6

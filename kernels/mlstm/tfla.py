@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
 from swax_lightning.kernels.backends import TFLA_CHUNKS
 from swax_lightning.kernels.mlstm.naive import EPS, MLSTMState
 from swax_lightning.kernels.util import fp32

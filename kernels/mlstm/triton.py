@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+
 from swax_lightning.kernels.backends import TRITON_MLSTM_CHUNKS, TRITON_MLSTM_MIN_HEAD_DIM, triton_dot_precision
 from swax_lightning.kernels.mlstm.naive import EPS, MLSTMState
 

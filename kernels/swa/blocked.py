@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
 from swax_lightning.kernels.swa.naive import sliding_window_mask
 
 MIN_BLOCK = 64

@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from swax_lightning.kernels.backends import (
     TRITON_FP32_MAX_HEAD_DIM,
     TRITON_MAX_SINKS,

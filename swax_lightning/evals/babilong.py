@@ -41,10 +41,16 @@ from __future__ import annotations
 
 import json
 import random
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tqdm import tqdm
+
+from swax_lightning.core.errors import ConfigError, require, require_among
 from swax_lightning.evals.essay import generated_essay, prose_sentences
+from swax_lightning.evals.registry import Evaluation, register
+from swax_lightning.evals.reports import score_table, summarize, table_scalars
 from swax_lightning.evals.ruler import largest_fitting
 
 TASKS = ("qa1", "qa2", "qa3", "qa4", "qa5")
@@ -364,3 +370,107 @@ def load_official(data_dir: str | Path, task: str, split: str, tokenizer=None) -
         samples.append(BabiSample(task, 0, prompt, row["question"], str(row["target"]), n_tokens, i, str(path),
                                   split))
     return samples
+
+
+# ---- the evaluation of `main.py test` -----------------------------------------------------------------------------
+@dataclass
+class BabiLongSettings:
+    """BABILong.
+
+    Args:
+        tasks: BABILong tasks (qa1 .. qa5).
+        lengths: Context lengths in tokens (0 = the facts alone).
+        samples: Samples per task and length.
+        data_dir: Official BABILong files as downloaded ({dir}/{task}/{split}.json) instead of generated samples;
+            lengths are then read in the official unit (GPT-2 tokens) and name the splits (1000 or 1024 -> 1k,
+            4096 -> 4k, 1048576 -> 1M; a length that names no split is refused).
+    """
+
+    tasks: list[str] = field(default_factory=lambda: list(TASKS))
+    lengths: list[int] = field(default_factory=lambda: [0, 4096, 16384, 65536, 131072])
+    samples: int = 5
+    data_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        require_among("eval.babilong.tasks", self.tasks, TASKS)
+        require(bool(self.lengths) and all(n >= 0 for n in self.lengths), "eval.babilong.lengths",
+                "must be lengths >= 0", self.lengths)
+        require(self.samples >= 1, "eval.babilong.samples", "must be >= 1", self.samples)
+        if self.data_dir is not None and not Path(self.data_dir).is_dir():
+            raise FileNotFoundError(f"eval.babilong.data_dir not found: {self.data_dir}")
+        for length in self.lengths if self.data_dir else ():
+            try:
+                split_name(length)
+            except ValueError as err:
+                raise ConfigError(f"eval.babilong.lengths: {err}") from None
+
+
+@register
+class BabiLong(Evaluation):
+    name, title, order, Settings = "babilong", "BABILong", 20, BabiLongSettings
+
+    def generator(self, tokenizer) -> BabiLongGenerator:
+        return BabiLongGenerator(tokenizer, MAX_NEW_TOKENS, self.context.essay, self.context.seed)
+
+    def check(self, arch, data) -> None:
+        if data is None or self.settings.data_dir:
+            return  # the official files: split names are checked with the settings
+        generator = self.generator(data.tokenizer)
+        for task in self.settings.tasks:
+            for length in (n for n in self.settings.lengths if n):  # 0: the facts alone, always fits
+                try:
+                    generator.sample(task, length, 0)
+                except ValueError as err:
+                    raise ConfigError(f"eval.babilong.lengths: {err}") from None
+
+    def workload(self) -> tuple[int, int, int]:
+        s = self.settings
+        prompts = len(s.tasks) * s.samples * len(s.lengths)
+        tokens = len(s.tasks) * s.samples * sum(max(length, 512) for length in s.lengths)  # 0: the facts alone
+        return prompts, tokens, prompts * MAX_NEW_TOKENS
+
+    def items(self, generator, task: str, length: int) -> tuple[str, list]:
+        """(column name, samples) of one task and length: generated, or the official split's first rows."""
+        if self.settings.data_dir:
+            split = split_name(length)
+            rows = load_official(self.settings.data_dir, task, split, generator.tokenizer)
+            return split, rows[:self.settings.samples]
+        return str(length), [generator.sample(task, length, i) for i in range(self.settings.samples)]
+
+    def run(self, model, data, samples: list) -> dict:
+        generator, scores, official = self.generator(data.tokenizer), defaultdict(list), self.settings.data_dir
+        for task in self.settings.tasks:
+            for length in self.settings.lengths:
+                column, items = self.items(generator, task, length)
+                for item in tqdm(items, desc=f"BABILong {task} {column}", leave=False):
+                    prediction = self.context.generate(model, data.tokenizer, item.input_text, MAX_NEW_TOKENS,
+                                                       self.name, column)
+                    score = 100.0 * babilong_score(prediction, item.target, item.question, task)
+                    scores[(task, column, None)].append(score)
+                    record = {"eval": "babilong", "task": task, "length": column, "index": item.index,
+                              "tokens": item.n_tokens, "gpt2_tokens_estimate": item.gpt2_tokens_estimate,
+                              "question": item.question, "target": item.target, "prediction": prediction,
+                              "score": score}
+                    if official:
+                        record["source"] = f"{task}/{column}.json row {item.index}"
+                    else:
+                        record["regenerate"] = f"babilong {task} {length} {item.index}"
+                    samples.append(record)
+        out = summarize(scores)
+        if official:
+            out["source"] = f"official BABILong files in {official}"
+            out["length_unit"] = "official splits (GPT-2 tokens)"
+        else:
+            out["source"] = (f"generated (swax_lightning/evals/babilong.py, seed {self.context.seed}, filler: "
+                             f"{'essay_file' if self.context.essay_file else 'generated prose'})")
+            out["length_unit"] = "model tokens (each sample also records an estimate of its GPT-2 tokens)"
+        return out
+
+    @classmethod
+    def report(cls, section: dict) -> list[str]:
+        data = f"Data: {section['source']}; columns: {section['length_unit']}.\n"
+        return score_table("BABILong (official rule, %)", section, data)
+
+    @classmethod
+    def scalars(cls, section: dict) -> dict[str, float]:
+        return table_scalars(cls.name, section)

@@ -28,7 +28,7 @@ import json
 import random
 from pathlib import Path
 
-from swax_lightning.atomic import written_atomically
+from swax_lightning.core.atomic import written_atomically
 
 CAPITALS = {
     "France": "Paris", "Germany": "Berlin", "Italy": "Rome", "Spain": "Madrid", "Portugal": "Lisbon",

@@ -1,6 +1,6 @@
 """Compare evaluation runs: one table and one plot (NIAH accuracy against context length, a line per run).
 
-    python -m swax_lightning.evals.compare runs/tiny/*/eval/results.json --out runs/tiny/comparison
+    python -m swax_lightning compare runs/tiny/*/eval/results.json --out runs/tiny/comparison
 
 Each run is named by its folder (runs/<experiment>/<arm>/eval/results.json -> <arm>). Writes comparison.md and
 niah_vs_length.png into --out, and prints the table. Every cell is the average over tasks with its 95% interval and

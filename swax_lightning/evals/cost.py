@@ -2,13 +2,15 @@
 from this machine's measured speed on this model.
 
 Decisions:
-- Tokens are counted from the settings alone (a NIAH or BABILong prompt is as long as its length; perplexity reads
-  its samples; the recall buckets read about their upper edge; an MQAR episode is as long as its text in bytes), so
-  the count is exact up to the prompts' tails (and, for MQAR, the tokenizer's compression).
+- Tokens are counted from the settings alone, by each evaluation's `workload` (a NIAH or BABILong prompt is as long
+  as its length; perplexity reads its samples; the recall buckets read about their upper edge; an MQAR episode is
+  as long as its text in bytes), so the count is exact up to the prompts' tails (and, for MQAR, the tokenizer's
+  compression).
 - Speed is measured, not assumed: one prefill chunk and a few decode steps of the model itself, on random ids, a
   second or so. Attention layers cost more per token at longer contexts and a full-attention layer's cache grows, so
   the estimate is a lower bound for full attention and close for SWA and recurrent layers.
-- lm-evaluation-harness tasks are listed but not estimated (their size is the harness's business).
+- An evaluation without a workload (lm-evaluation-harness tasks: their size is the harness's business) is listed
+  as not estimated.
 """
 from __future__ import annotations
 
@@ -16,36 +18,15 @@ import time
 
 import torch
 
-from swax_lightning.evals import babilong
-from swax_lightning.inference import prefill
+from swax_lightning.model.inference import prefill
 
 DECODE_STEPS = 8
 
 
-def workload(suite) -> dict[str, tuple[int, int, int]]:
-    """{evaluation: (prompts, prompt tokens, generated tokens at most)} of an EvalSuite's settings."""
-    out = {}
-    if suite.niah_tasks:
-        prompts = len(suite.niah_tasks) * suite.niah_samples * len(suite.niah_lengths)
-        tokens = len(suite.niah_tasks) * suite.niah_samples * sum(suite.niah_lengths)
-        out["RULER NIAH"] = (prompts, tokens, prompts * suite.max_new_tokens)
-    if suite.babilong_tasks:
-        prompts = len(suite.babilong_tasks) * suite.babilong_samples * len(suite.babilong_lengths)
-        per_length = [max(length, 512) for length in suite.babilong_lengths]  # length 0: the facts alone
-        tokens = len(suite.babilong_tasks) * suite.babilong_samples * sum(per_length)
-        out["BABILong"] = (prompts, tokens, prompts * babilong.MAX_NEW_TOKENS)
-    if suite.perplexity_len:
-        out["perplexity by position"] = (suite.perplexity_samples, suite.perplexity_samples * suite.perplexity_len, 0)
-    if suite.mqar_gaps:
-        from swax_lightning.mqar import episode_chars
-
-        chars = sum(episode_chars(suite.mqar_pairs, suite.mqar_key_length, gap) for gap in suite.mqar_gaps)
-        out["MQAR by gap"] = (len(suite.mqar_gaps) * suite.mqar_samples, suite.mqar_samples * chars, 0)
-    if suite.recall_edges:
-        buckets = len(suite.recall_edges) - 1
-        out["answer loss by distance"] = (buckets * suite.recall_samples,
-                                          suite.recall_samples * sum(suite.recall_edges[1:]), 0)
-    return out
+def workload(suite) -> dict[str, tuple[int, int, int] | None]:
+    """{evaluation title: (prompts, prompt tokens, generated tokens at most), or None where not estimated} of an
+    EvalSuite's evaluations."""
+    return {evaluation.title: evaluation.workload() for evaluation in suite.evaluations}
 
 
 @torch.no_grad()
@@ -76,12 +57,14 @@ def estimate(suite, model) -> str:
     prefill_speed, decode_speed = measured_speed(model, suite.chunk_len)
     lines, total = [f"evaluation cost (this machine: {prefill_speed:,.0f} prompt tokens/s, "
                     f"{decode_speed:,.1f} generated tokens/s on this model):"], 0.0
-    for name, (prompts, tokens, generated) in jobs.items():
+    for name, job in jobs.items():
+        if job is None:
+            lines.append(f"  {name}: not estimated")
+            continue
+        prompts, tokens, generated = job
         seconds = tokens / prefill_speed + generated / decode_speed
         total += seconds
         lines.append(f"  {name}: {prompts:,} prompts, {tokens / 1e6:,.2f}M tokens, about {_duration(seconds)}")
-    if suite.lm_eval_tasks:
-        lines.append(f"  lm-eval tasks {', '.join(suite.lm_eval_tasks)}: not estimated")
     lines.append(f"  total: about {_duration(total)} (at least, with full-attention layers)")
     return "\n".join(lines)
 

@@ -3,7 +3,7 @@
 RULER's essay haystack is Paul Graham's essays and BABILong's filler is PG-19 books; neither can be downloaded at run
 time here, and the one long prose text every machine has (the language reference in `pydoc_data`) is part of the tiny
 runs' training data, so a model would have memorised it. This module writes prose instead: each sentence is drawn
-from a small grammar (a subject, a verb, an object, an optional place, time or clause), over a vocabulary of about 400
+from a small grammar (a subject, a verb, an object, an optional place, time or clause), over a vocabulary of about 270
 words, with a seeded random generator, so the text is the same on every machine, never repeats in any length used
 here, and shares nothing with the Python sources or their docs beyond common English words.
 

@@ -13,7 +13,7 @@ PYTHONPATH):
 
 Model arguments: ckpt_path (a single-file checkpoint of `main.py fit`; the tokenizer comes with it), window and n_sink
 (evaluation overrides), convert_full_attention (full-attention layers run as SWA(window, n_sink)) and
-window_includes_sinks (the window's convention: swax_lightning.inference.override_attention), chunk_len (prefill
+window_includes_sinks (the window's convention: swax_lightning.model.inference.override_attention), chunk_len (prefill
 chunk), max_gen_toks (default 256), seed (sampling); the harness's own batch_size ("auto" means 8 here),
 max_batch_size and device (cuda falls back to the CPU when there is no GPU) are accepted.
 
@@ -51,7 +51,7 @@ from tqdm import tqdm
 
 from swax_lightning.evals.reports import Z95, wilson_interval
 from swax_lightning.evals.scoring import token_scores
-from swax_lightning.inference import generate, left_pad, override_attention
+from swax_lightning.model.inference import generate, left_pad, override_attention
 
 AUTO_BATCH_SIZE = 8
 BOOTSTRAP_ITERS = 1000  # the harness's resamples for the standard error of corpus-level metrics
@@ -84,7 +84,7 @@ class SwaxLM(LM):
         if model is None:
             if not ckpt_path:
                 raise ValueError("SwaxLM needs ckpt_path=<checkpoint of main.py fit> (or a model and a tokenizer)")
-            from swax_lightning.checkpoints import load_model
+            from swax_lightning.training.checkpoints import load_model
 
             model, tokenizer = load_model(ckpt_path, _device(device))
         elif tokenizer is None:

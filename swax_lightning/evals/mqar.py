@@ -1,7 +1,7 @@
-"""Associative recall by gap: MQAR accuracy and value loss, the evaluation `main.py test` runs for `eval.mqar_gaps`.
+"""Associative recall by gap: MQAR accuracy and value loss, the evaluation `main.py test` runs for `eval.mqar`.
 
-For each gap, `samples` held-out episodes (swax_lightning/mqar.py: pairs, `gap` characters of filler, every key
-asked again) are read through the streaming inference (chunked prefill with each block's cache, at the model's
+For each gap, `samples` held-out episodes (swax_lightning/data/mqar_episodes.py: pairs, `gap` characters of filler,
+every key asked again) are read through the streaming inference (chunked prefill with each block's cache, at the model's
 current window, as every evaluation of the suite), teacher-forced; at each query the model's top prediction for the
 value, over the whole vocabulary, and its cross-entropy on the value are taken.
 
@@ -18,16 +18,22 @@ Decisions:
 - Episodes are tokenized piece by piece (Episode.pieces) and left-padded into batches; only the logits at the
   queries are kept, chunk by chunk, so memory grows with the batch, not with the context.
 - Every episode is a sample of results.json: its values, the model's predictions, its score, its loss and the
-  arguments that regenerate its text (`python -m swax_lightning.evals.regenerate mqar ...`).
+  arguments that regenerate its text (`python -m swax_lightning regenerate mqar ...`).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
-from swax_lightning.evals.reports import mean_interval, wilson_interval
-from swax_lightning.inference import left_pad, prefill
-from swax_lightning.mqar import VALUES, Episode, eval_episode
+from swax_lightning.core.errors import require
+from swax_lightning.data.mqar_episodes import VALUES, Episode, check_shape, episode_chars, eval_episode
+from swax_lightning.data.recall_documents import RecallMix
+from swax_lightning.evals.registry import Evaluation, register
+from swax_lightning.evals.reports import mean_interval, row_scalars, section_table, wilson_interval, with_interval
+from swax_lightning.model.inference import left_pad, prefill
 
 BATCH = 32  # episodes per prefill call
 
@@ -87,7 +93,7 @@ def mqar_by_gap(model, tokenizer, gaps: list[int], samples: int, pairs: int, key
                          "loss": scored["loss"], "regenerate": f"mqar {pairs}x{key_length} {gap} {i}"})
     return {"gaps": [_cell(gap, [r for r in rows if r["gap"] == gap]) for gap in gaps],
             "episode": f"{samples} held-out episodes per gap, each {pairs} pairs of {key_length}-letter keys and "
-                       f"one-letter values (swax_lightning/mqar.py)",
+                       f"one-letter values (swax_lightning/data/mqar_episodes.py)",
             "chance": f"{100 / len(VALUES):.1f}% knowing only the values' alphabet, {100 / pairs:.1f}% guessing "
                       f"among the episode's stated values (which a memory of the values alone, not of their keys, "
                       f"allows)", "samples": rows}
@@ -100,3 +106,71 @@ def _cell(gap: int, rows: list[dict]) -> dict:
     return {"gap": gap, "reach": [min(r["reach"][0] for r in rows), max(r["reach"][1] for r in rows)],
             "accuracy": accuracy, "accuracy_ci95": wilson_interval(accuracy, queries), "loss": loss,
             "loss_ci95": loss_ci95, "n": queries, "episodes": len(rows)}
+
+
+@dataclass
+class MQARSettings:
+    """Associative recall (MQAR) by gap.
+
+    Args:
+        gaps: Gaps (filler characters between the pairs and their queries), e.g. [0, 16, 64, 256, 1024].
+        samples: Episodes per gap.
+        pairs: Key-value pairs per episode; empty = data.recall's when its kind is mqar, else RecallMix's default.
+        key_length: Letters per key; empty = data.recall's when its kind is mqar, else RecallMix's default.
+    """
+
+    gaps: list[int] = field(default_factory=lambda: [0, 16, 64, 256, 1024])
+    samples: int = 64
+    pairs: int | None = None
+    key_length: int | None = None
+
+    def __post_init__(self) -> None:
+        require(bool(self.gaps) and all(gap >= 0 for gap in self.gaps), "eval.mqar.gaps", "must be gaps >= 0",
+                self.gaps)
+        require(self.samples >= 1, "eval.mqar.samples", "must be >= 1", self.samples)
+
+
+@register
+class MQAR(Evaluation):
+    name, title, order, Settings = "mqar", "MQAR by gap", 50, MQARSettings
+
+    def settle_shape(self, recall) -> None:
+        """Pairs and key length from the training data's MQAR documents where not given, then checked."""
+        trained = recall if getattr(recall, "kind", None) == "mqar" else RecallMix(kind="mqar")  # else the defaults
+        s = self.settings
+        s.pairs = trained.pairs if s.pairs is None else s.pairs
+        s.key_length = trained.key_length if s.key_length is None else s.key_length
+        check_shape(s.pairs, s.key_length, max(s.gaps), "eval.mqar")
+
+    def check(self, arch, data) -> None:
+        self.settle_shape(getattr(data, "recall", None))
+
+    def workload(self) -> tuple[int, int, int]:
+        s = self.settings
+        chars = sum(episode_chars(s.pairs, s.key_length, gap) for gap in s.gaps) if s.pairs else 0
+        return len(s.gaps) * s.samples, s.samples * chars, 0
+
+    def run(self, model, data, samples: list) -> dict:
+        self.settle_shape(getattr(data, "recall", None))
+        s = self.settings
+        mqar = mqar_by_gap(model, data.tokenizer, s.gaps, s.samples, s.pairs, s.key_length, self.context.seed,
+                           self.context.chunk_len, progress=lambda jobs: tqdm(jobs, desc="MQAR by gap"))
+        samples += mqar.pop("samples")
+        return mqar
+
+    @classmethod
+    def report(cls, section: dict) -> list[str]:
+        note = (f"{section['episode']}. Gap: filler characters between the pairs and their queries; reach: tokens "
+                "from a stated value to the query that asks for it (a window W sees the pair when W >= reach); "
+                "accuracy: queries whose value is the top prediction, % [95% Wilson interval], n queries; value "
+                "loss: mean cross-entropy of the values (nats) [95% interval over episodes]. Chance: "
+                f"{section['chance']}.")
+        rows = [[r["gap"], f"{r['reach'][0]}-{r['reach'][1]}", with_interval(r, "accuracy", 1, 0),
+                 with_interval(r, "loss", 3, 3), r["n"]] for r in section["gaps"]]
+        return section_table("Associative recall (MQAR) by gap", note, ["gap", "reach", "accuracy", "value loss", "n"],
+                             rows)
+
+    @classmethod
+    def scalars(cls, section: dict) -> dict[str, float]:
+        return row_scalars(section["gaps"], lambda row: f"eval/mqar/gap_{row['gap']}",
+                           {"accuracy": "accuracy", "value_loss": "loss"})

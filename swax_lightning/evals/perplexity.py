@@ -10,14 +10,19 @@ Decision: bits per byte uses the bytes per token measured on the same held-out t
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from litdata import StreamingDataset
 from tqdm import tqdm
 
+from swax_lightning.core.errors import require
+from swax_lightning.data.loss_mask import unmarked
+from swax_lightning.evals.registry import Evaluation, register
+from swax_lightning.evals.reports import row_scalars, section_table
 from swax_lightning.evals.scoring import token_scores
-from swax_lightning.model import SWAXModel
+from swax_lightning.model.model import SWAXModel
 
 
 def bucket_edges(length: int, first: int = 64) -> list[int]:
@@ -42,7 +47,7 @@ def position_losses(model: SWAXModel, dataset: StreamingDataset, n_blocks: int, 
     bucket_of = torch.bucketize(torch.arange(length), torch.tensor(edges[1:]), right=True)
     device = model.embed.weight.device
     for i in tqdm(range(min(samples, n_blocks)), desc=f"perplexity@{length}", leave=False):
-        tokens = torch.as_tensor(np.asarray(dataset[i], dtype=np.int64), device=device)[None]
+        tokens = unmarked(torch.as_tensor(np.asarray(dataset[i], dtype=np.int64), device=device)[None])
         logprob, _ = token_scores(model, tokens[:, :length], torch.arange(length, device=device)[None],
                                   tokens[:, 1:length + 1], chunk_len)
         loss = -logprob[0].cpu()
@@ -54,3 +59,43 @@ def position_losses(model: SWAXModel, dataset: StreamingDataset, n_blocks: int, 
         rows.append({"from": edges[b], "to": edges[b + 1], "loss": mean, "ppl": math.exp(mean),
                      "bpb": mean / math.log(2) / bytes_per_token})
     return rows
+
+
+@dataclass
+class PerplexitySettings:
+    """Loss by position on the held-out shards.
+
+    Args:
+        length: Sequence length (tokens) read from the validation split, e.g. 8x the training length.
+        samples: Sequences.
+    """
+
+    length: int = 8192
+    samples: int = 8
+
+    def __post_init__(self) -> None:
+        require(self.length >= 1, "eval.perplexity.length", "must be >= 1", self.length)
+        require(self.samples >= 1, "eval.perplexity.samples", "must be >= 1", self.samples)
+
+
+@register
+class Perplexity(Evaluation):
+    name, title, order, Settings = "perplexity", "perplexity by position", 30, PerplexitySettings
+
+    def workload(self) -> tuple[int, int, int]:
+        return self.settings.samples, self.settings.samples * self.settings.length, 0
+
+    def run(self, model, data, samples: list) -> list[dict]:
+        block = self.settings.length + 1
+        return position_losses(model, data.blocks("val", block), data.block_count("val", block), self.settings.length,
+                               self.settings.samples, self.context.chunk_len, data.meta.get("bytes_per_token", 1.0))
+
+    @classmethod
+    def report(cls, section: list[dict]) -> list[str]:
+        rows = [[f"{r['from']}-{r['to']}", f"{r['loss']:.4f}", f"{r['ppl']:.3f}", f"{r['bpb']:.4f}"] for r in section]
+        return section_table("Loss by position", "", ["positions", "loss", "ppl", "bits/byte"], rows)
+
+    @classmethod
+    def scalars(cls, section: list[dict]) -> dict[str, float]:
+        return row_scalars(section, lambda row: f"eval/ppl_by_position/{row['from']}-{row['to']}",
+                           {"loss": "loss", "bpb": "bpb"})

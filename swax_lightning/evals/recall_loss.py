@@ -1,7 +1,7 @@
 """Answer-token loss by recall distance: memory measured without exact generation.
 
-Each held-out sample (swax_lightning/recall_documents.py) states a fact, then `distance` characters of unseen prose,
-then asks for the fact's value; the model reads it teacher-forced and we take its cross-entropy on the answer's
+Each held-out sample (swax_lightning/data/recall_documents.py) states a fact, then `distance` characters of unseen
+prose, then asks for the fact's value; the model reads it teacher-forced and we take its cross-entropy on the answer's
 tokens (mean over the value's tokens, in nats) and whether every answer token is its top prediction. A model that
 remembers has a low loss at every distance; one that only sees W tokens back is at chance (ln 10 = 2.30 per digit
 with the byte tokenizer) once the value is more than W tokens behind its answer.
@@ -23,20 +23,24 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass, field
 
 import torch
+from tqdm import tqdm
 
+from swax_lightning.core.errors import ConfigError, require
+from swax_lightning.data.recall_documents import eval_sample
 from swax_lightning.evals.essay import generated_essay, prose_sentences
-from swax_lightning.evals.reports import mean_interval, wilson_interval
+from swax_lightning.evals.registry import Evaluation, register
+from swax_lightning.evals.reports import mean_interval, row_scalars, section_table, wilson_interval, with_interval
 from swax_lightning.evals.ruler import load_words
 from swax_lightning.evals.scoring import token_scores
-from swax_lightning.recall_documents import eval_sample
 
 
 def bucket_distances(edges: list[int], samples: int, seed: int) -> list[tuple[int, int, int]]:
     """(bucket start, bucket end, distance) for `samples` log-uniform distances in each bucket."""
     if len(edges) < 2 or any(b <= a for a, b in zip(edges, edges[1:])) or edges[0] < 1:
-        raise ValueError(f"recall_edges must be increasing distances >= 1, at least two (got {edges})")
+        raise ConfigError(f"eval.recall.edges must be increasing distances >= 1, at least two (got {edges})")
     out = []
     for lo, hi in zip(edges, edges[1:]):
         rng = random.Random(f"recall-distance-{seed}-{lo}-{hi}")
@@ -77,3 +81,55 @@ def _bucket(lo: int, hi: int, rows: list[dict]) -> dict:
     exact = 100.0 * sum(r["exact"] for r in rows) / n
     return {"from": lo, "to": hi, "reach": [min(r["reach"] for r in rows), max(r["reach"] for r in rows)],
             "loss": mean, "loss_ci95": ci95, "exact": exact, "exact_ci95": wilson_interval(exact, n), "n": n}
+
+
+@dataclass
+class RecallSettings:
+    """Answer-token loss by recall distance.
+
+    Args:
+        edges: Distance buckets (characters between a fact and its question), e.g. [1, 16, 256, 1024, 8192].
+        samples: Samples per bucket.
+    """
+
+    edges: list[int] = field(default_factory=lambda: [1, 16, 256, 1024, 8192])
+    samples: int = 16
+
+    def __post_init__(self) -> None:
+        require(self.samples >= 1, "eval.recall.samples", "must be >= 1", self.samples)
+        bucket_distances(self.edges, 1, 0)  # the edges checked now, not after the test loop
+
+
+@register
+class RecallLoss(Evaluation):
+    name, title, order, Settings = "recall", "answer loss by distance", 40, RecallSettings
+
+    def workload(self) -> tuple[int, int, int]:
+        buckets = len(self.settings.edges) - 1
+        return buckets * self.settings.samples, self.settings.samples * sum(self.settings.edges[1:]), 0
+
+    def run(self, model, data, samples: list) -> dict:
+        recall = recall_losses(model, data.tokenizer, self.settings.edges, self.settings.samples, self.context.seed,
+                               progress=lambda jobs: tqdm(jobs, desc="recall by distance"))
+        samples += recall["samples"]
+        return {"buckets": recall["buckets"]}
+
+    @classmethod
+    def report(cls, section: dict) -> list[str]:
+        note = ("Distance: characters between the fact and its question; reach: characters from the fact's value to "
+                "the answer (a layer must see that far back to copy it); loss: mean cross-entropy of the answer's "
+                "tokens (nats) [95% interval]; exact: all answer tokens top-1, % [95% Wilson interval].")
+        rows = [[f"{r['from']}-{r['to']}", _reach(r), with_interval(r, "loss", 3, 3), with_interval(r, "exact", 1, 0),
+                 r["n"]] for r in section["buckets"]]
+        return section_table("Answer-token loss by recall distance", note, ["distance", "reach", "loss", "exact", "n"],
+                             rows)
+
+    @classmethod
+    def scalars(cls, section: dict) -> dict[str, float]:
+        return row_scalars(section["buckets"], lambda row: f"eval/recall/{row['from']}-{row['to']}",
+                           {"answer_loss": "loss", "exact": "exact"})
+
+
+def _reach(bucket: dict) -> str:
+    """A bucket's reach as "least-most" ("-" in results written before buckets recorded it)."""
+    return "-" if "reach" not in bucket else f"{bucket['reach'][0]}-{bucket['reach'][1]}"

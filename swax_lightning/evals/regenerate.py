@@ -1,8 +1,8 @@
 """Print the prompt of one generated evaluation sample, exactly as the evaluation built it.
 
-    python -m swax_lightning.evals.regenerate --tokenizer byte --seed 0 niah niah_single_2 4096 0.5 3
-    python -m swax_lightning.evals.regenerate --tokenizer tok.json --seed 0 babilong qa3 16384 7
-    python -m swax_lightning.evals.regenerate --seed 0 mqar 6x2 256 5     # PAIRSxKEY_LENGTH GAP INDEX: the text
+    python -m swax_lightning regenerate --tokenizer byte --seed 0 niah niah_single_2 4096 0.5 3
+    python -m swax_lightning regenerate --tokenizer tok.json --seed 0 babilong qa3 16384 7
+    python -m swax_lightning regenerate --seed 0 mqar 6x2 256 5     # PAIRSxKEY_LENGTH GAP INDEX: the text
 
 results.json does not store 131k-token prompts: its settings hold this command's options (`regenerate`) and each
 sample its arguments (the sample's `regenerate`), since every generated sample is a pure function of them.
@@ -13,9 +13,9 @@ import argparse
 import re
 from pathlib import Path
 
+from swax_lightning.data.mqar_episodes import eval_episode
+from swax_lightning.data.tokenizer import load_tokenizer
 from swax_lightning.evals import babilong, ruler
-from swax_lightning.mqar import eval_episode
-from swax_lightning.tokenizer import load_tokenizer
 
 
 def prompt(kind: str, task: str, length: int, index: int, depth: float | None, tokenizer, seed: int,

@@ -21,15 +21,25 @@ Decisions:
   length; over 40 depths its score is the share of the haystack inside its window (tests/evals/test_ruler.py).
 - The essay haystack is generated prose (essay.py: no training corpus here holds it) unless a text is given; key
   words come from words.txt beside this file.
+- In the suite (`eval.niah`, class NIAH), needle depths follow RULER's grid (40 evenly spaced depths by default) and
+  are dealt so that every (task, length, depth) cell gets the same number of samples: sample i of a task at a length
+  takes depth number i mod n_depths, so `samples` must be a multiple of the number of depths. Reports: a table by
+  task and length, and heatmaps of accuracy by depth x length (all tasks pooled, and per task).
 """
 from __future__ import annotations
 
 import random
 import uuid
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tqdm import tqdm
+
+from swax_lightning.core.errors import ConfigError, require, require_among
 from swax_lightning.evals.essay import generated_essay, prose_sentences
+from swax_lightning.evals.registry import Evaluation, register
+from swax_lightning.evals.reports import lengths_of, score_table, summarize, table_scalars
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 NEEDLE = "One of the special magic {type} for {key} is: {value}."
@@ -196,3 +206,132 @@ class NIAHGenerator:
 
     def _count(self, text: str) -> int:
         return len(self.tokenizer.encode(text))
+
+
+# ---- the evaluation of `main.py test` -----------------------------------------------------------------------------
+INTERVAL_NOTE = ("95% Wilson score intervals on the mean share; exact in spirit for 0/100 scores, an approximation "
+                 "for the partial scores of niah_multivalue and niah_multiquery")
+
+
+@dataclass
+class NIAHSettings:
+    """RULER needle-in-a-haystack.
+
+    Args:
+        tasks: RULER NIAH tasks (niah_single_1/2/3, niah_multikey_1/2/3, niah_multivalue, niah_multiquery).
+        lengths: Context lengths in the model's tokens.
+        samples: Samples per task and length; a multiple of the number of depths (each depth gets
+            samples / n_depths of them, for every task and length).
+        depths: Needle depths (0 = start of the haystack, 1 = end), or their number for an evenly spaced grid
+            (RULER: 40).
+        max_new_tokens: Generation budget of each answer (RULER: 128).
+    """
+
+    tasks: list[str] = field(default_factory=lambda: list(TASKS))
+    lengths: list[int] = field(default_factory=lambda: [4096, 8192, 16384, 32768, 65536, 131072])
+    samples: int = 40
+    depths: int | list[float] = N_DEPTHS
+    max_new_tokens: int = 128
+
+    def __post_init__(self) -> None:
+        require_among("eval.niah.tasks", self.tasks, TASKS)
+        require(bool(self.lengths) and all(n >= 1 for n in self.lengths), "eval.niah.lengths",
+                "must be lengths >= 1", self.lengths)
+        self.depths = depth_grid(self.depths) if isinstance(self.depths, int) else list(self.depths)
+        require(bool(self.depths) and all(0 <= d <= 1 for d in self.depths), "eval.niah.depths",
+                "must be depths in [0, 1] or their number", self.depths)
+        require(self.samples >= 1 and self.samples % len(self.depths) == 0, "eval.niah.samples",
+                f"must be a multiple of the {len(self.depths)} depths (each depth the same number of samples)",
+                self.samples)
+        require(self.max_new_tokens >= 1, "eval.niah.max_new_tokens", "must be >= 1", self.max_new_tokens)
+
+
+@register
+class NIAH(Evaluation):
+    name, title, order, Settings = "niah", "RULER NIAH", 10, NIAHSettings
+
+    def generator(self, tokenizer) -> NIAHGenerator:
+        return NIAHGenerator(tokenizer, self.settings.max_new_tokens, self.context.essay, self.context.seed)
+
+    def check(self, arch, data) -> None:
+        if data is None:
+            return
+        generator, shortest = self.generator(data.tokenizer), min(self.settings.lengths)
+        for task in self.settings.tasks:
+            try:
+                generator.sample(task, shortest, self.settings.depths[0], 0)
+            except ValueError as err:
+                raise ConfigError(f"eval.niah.lengths: {err}") from None
+
+    def jobs(self) -> list[tuple[str, int, int, float]]:
+        """(task, length, index, depth) of every sample: each task, at each length, takes every depth
+        samples / n_depths times."""
+        s, depths = self.settings, self.settings.depths
+        return [(task, length, i, depths[i % len(depths)]) for length in s.lengths for task in s.tasks
+                for i in range(s.samples)]
+
+    def workload(self) -> tuple[int, int, int]:
+        s = self.settings
+        prompts = len(s.tasks) * s.samples * len(s.lengths)
+        return prompts, len(s.tasks) * s.samples * sum(s.lengths), prompts * s.max_new_tokens
+
+    def run(self, model, data, samples: list) -> dict:
+        generator, scores = self.generator(data.tokenizer), defaultdict(list)
+        for task, length, i, depth in tqdm(self.jobs(), desc="RULER NIAH"):
+            sample = generator.sample(task, length, depth, i)
+            prediction = self.context.generate(model, data.tokenizer, sample.input_text, self.settings.max_new_tokens,
+                                               self.name, length)
+            score = string_match_all(prediction, sample.references)
+            scores[(task, length, depth)].append(score)
+            samples.append({"eval": "niah", "task": task, "length": length, "depth": depth, "index": i,
+                            "tokens": sample.n_tokens, "question": sample.question,
+                            "references": sample.references, "prediction": prediction, "score": score,
+                            "regenerate": f"niah {task} {length} {depth} {i}"})
+        return {**summarize(scores), "interval": INTERVAL_NOTE}
+
+    @classmethod
+    def report(cls, section: dict) -> list[str]:
+        return score_table("RULER NIAH (string_match_all, %; columns: context length in model tokens)", section)
+
+    @classmethod
+    def scalars(cls, section: dict) -> dict[str, float]:
+        return table_scalars(cls.name, section)
+
+    @classmethod
+    def figures(cls, section: dict) -> dict:
+        return {"niah_heatmap" + (f"_{task}" if task else ""): heatmap_figure(section, task)
+                for task in (None, *section["depth_x_length_by_task"])}
+
+
+def heatmap_figure(niah: dict, task: str | None = None):
+    """NIAH mean score by needle depth (rows) x context length in tokens (columns), of one task or (task None) of
+    all tasks pooled; cells without samples blank."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    grid = niah["depth_x_length"] if task is None else niah["depth_x_length_by_task"][task]
+    depths, lengths = list(grid), lengths_of(grid)
+    values = np.ma.masked_invalid([[grid[d][n]["mean"] if n in grid[d] else np.nan for n in lengths]
+                                   for d in depths])
+    counts = {grid[d][n]["n"] for d in depths for n in lengths if n in grid[d]}
+    fig, ax = plt.subplots(figsize=(1.2 * len(lengths) + 3, 0.22 * len(depths) + 2))
+    cmap = plt.get_cmap("RdYlGn").with_extremes(bad="white")
+    image = ax.imshow(values, vmin=0, vmax=100, cmap=cmap, aspect="auto")
+    ax.set_xticks(range(len(lengths)), [f"{int(n) // 1024}k" if int(n) >= 1024 else n for n in lengths])
+    ax.set_yticks(range(len(depths)), [f"{float(d):.0%}" for d in depths], fontsize=7 if len(depths) > 12 else 9)
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("needle depth (share of the haystack)")
+    n_text = "/".join(str(n) for n in sorted(counts))
+    pooled = f"mean over {len(niah['depth_x_length_by_task'])} tasks" if task is None else task
+    ax.set_title(f"RULER NIAH accuracy (%) by needle depth and context length\n({pooled}, n = {n_text} samples "
+                 "per cell)", fontsize=10)
+    if len(depths) <= 20:  # numbers in the cells while they stay legible
+        empty = np.ma.getmaskarray(values)
+        for i, j in zip(*np.nonzero(~empty)):
+            ax.text(j, i, f"{values[i, j]:.0f}", ha="center", va="center", fontsize=8)
+    fig.colorbar(image, ax=ax, label="accuracy (%)")
+    fig.tight_layout()
+    return fig

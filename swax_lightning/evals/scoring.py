@@ -1,7 +1,7 @@
 """Scoring given text: the log-probability of each token after everything before it, and whether it is the model's
-greedy choice. The one scorer behind every evaluation that reads text teacher-forced: loss by position
-(perplexity.py), answer loss by recall distance (recall_loss.py) and lm-evaluation-harness log-likelihoods
-(lm_eval_adapter.py).
+greedy choice, for one text at a time: the scorer behind loss by position (perplexity.py), answer loss by recall
+distance (recall_loss.py) and lm-evaluation-harness log-likelihoods (lm_eval_adapter.py). MQAR (mqar.py) scores
+on its own: it batches many left-padded episodes and keeps only the logits at their queries.
 
 Decision: the text goes through the streaming inference chunk by chunk with the per-layer state carried
 (inference.py), so only one chunk's logits exist at a time and a text of any length fits in bounded memory; the

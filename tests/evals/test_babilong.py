@@ -8,8 +8,8 @@ import statistics
 
 import pytest
 
+from swax_lightning.data.tokenizer import ByteTokenizer
 from swax_lightning.evals import babilong
-from swax_lightning.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()
 NAMES = "Mary|John|Daniel|Sandra|Fred|Jeff|Bill"
@@ -248,8 +248,8 @@ def test_a_length_that_names_no_split_is_refused(length, tmp_path):
         babilong.split_name(length)
     from swax_lightning.evals.suite import EvalSuite
 
-    with pytest.raises(ValueError, match="EvalSuite.babilong_lengths: BABILong length"):  # at start-up, not after NIAH
-        EvalSuite(babilong_tasks=["qa1"], babilong_lengths=[4096, length], babilong_data_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="eval.babilong.lengths: BABILong length"):  # at start-up, not after NIAH
+        EvalSuite(babilong=dict(tasks=["qa1"], lengths=[4096, length], data_dir=str(tmp_path)))
 
 
 @pytest.mark.parametrize("make,match", [

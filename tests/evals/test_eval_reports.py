@@ -2,12 +2,13 @@
 the heatmap (title, token and depth axes, blank empty cells), the comparison command with intervals, the NIAH
 depth deal (every (length, depth) cell the same count), regenerating a sample's prompt from its recorded arguments."""
 import json
+from types import SimpleNamespace
 
 import pytest
 
+from swax_lightning.data.tokenizer import ByteTokenizer
 from swax_lightning.evals import reports, ruler
 from swax_lightning.evals.suite import EvalSuite
-from swax_lightning.tokenizer import ByteTokenizer
 
 
 @pytest.mark.parametrize("mean,n,interval", [
@@ -37,7 +38,7 @@ def test_cells_carry_count_and_interval(tmp_path):
 
 
 def test_heatmap_is_titled_and_leaves_empty_cells_blank():
-    fig = reports.heatmap_figure(make_results()["niah"])
+    fig = ruler.heatmap_figure(make_results()["niah"])
     ax = fig.axes[0]
     assert "RULER NIAH" in ax.get_title() and "mean over 2 tasks, n = 1/2" in ax.get_title()
     assert ax.get_xlabel() == "context length (tokens)" and "depth" in ax.get_ylabel()
@@ -48,7 +49,7 @@ def test_heatmap_is_titled_and_leaves_empty_cells_blank():
 
 def test_each_task_has_its_own_heatmap(tmp_path):
     results = make_results()
-    ax = reports.heatmap_figure(results["niah"], "niah_multikey_1").axes[0]
+    ax = ruler.heatmap_figure(results["niah"], "niah_multikey_1").axes[0]
     assert "(niah_multikey_1, n = 2 samples per cell)" in ax.get_title()
     assert sorted(t.get_text() for t in ax.texts) == ["0"]  # its one cell: depth 0.5 at 4k
     reports.write_reports(results, tmp_path)
@@ -72,17 +73,17 @@ def test_comparison_shows_intervals(tmp_path, capsys):
 
 
 def test_every_task_length_depth_cell_gets_the_same_count():
-    suite = EvalSuite(niah_tasks=list(ruler.TASKS), niah_lengths=[4096, 8192], niah_samples=80)
-    jobs = suite._niah_jobs()
-    assert len(suite.niah_depths) == 40 and len(jobs) == 2 * 8 * 80
+    suite = EvalSuite(niah=dict(tasks=list(ruler.TASKS), lengths=[4096, 8192], samples=80))
+    jobs = suite.evaluation("niah").jobs()
+    assert len(suite.evaluation("niah").settings.depths) == 40 and len(jobs) == 2 * 8 * 80
     for task in ruler.TASKS:
         for length in (4096, 8192):
             depths = [d for t, n, _, d in jobs if (t, n) == (task, length)]
             assert sorted(depths) == sorted(ruler.depth_grid() * 2)  # each depth twice, for every task and length
-    with pytest.raises(ValueError, match="EvalSuite.niah_samples: 5 samples per task and length cannot cover the 40"):
-        EvalSuite(niah_tasks=list(ruler.TASKS), niah_samples=5)  # the old default: 8 x 5 filled 40 depths, per task 5
-    suite = EvalSuite(niah_tasks=["niah_single_1"], niah_samples=4, niah_depths=4)
-    assert suite.niah_depths == pytest.approx([0, 1 / 3, 2 / 3, 1], abs=1e-6)
+    with pytest.raises(ValueError, match="eval.niah.samples must be a multiple of the 40 depths"):
+        EvalSuite(niah=dict(tasks=list(ruler.TASKS), samples=5))  # the old default: 8 x 5 filled 40 depths, per task 5
+    suite = EvalSuite(niah=dict(tasks=["niah_single_1"], samples=4, depths=4))
+    assert suite.evaluation("niah").settings.depths == pytest.approx([0, 1 / 3, 2 / 3, 1], abs=1e-6)
 
 
 def test_a_sample_regenerates_from_its_recorded_arguments(capsys):
@@ -96,34 +97,33 @@ def test_a_sample_regenerates_from_its_recorded_arguments(capsys):
 
 
 def test_suite_rejects_bad_settings(tmp_path):
-    with pytest.raises(ValueError, match="niah_tasks"):
-        EvalSuite(niah_tasks=["niah_single_7"])
-    with pytest.raises(ValueError, match="babilong_tasks"):
-        EvalSuite(babilong_tasks=["qa6"])
-    with pytest.raises(ValueError, match="niah_depths"):
-        EvalSuite(niah_tasks=["niah_single_1"], niah_depths=[0.5, 1.5])
+    with pytest.raises(ValueError, match="eval.niah.tasks"):
+        EvalSuite(niah=dict(tasks=["niah_single_7"]))
+    with pytest.raises(ValueError, match="eval.babilong.tasks"):
+        EvalSuite(babilong=dict(tasks=["qa6"]))
+    with pytest.raises(ValueError, match="eval.niah.depths"):
+        EvalSuite(niah=dict(tasks=["niah_single_1"], depths=[0.5, 1.5]))
     with pytest.raises(FileNotFoundError, match="essay.txt"):
-        EvalSuite(niah_tasks=["niah_single_2"], essay_file=str(tmp_path / "essay.txt"))
+        EvalSuite(niah=dict(tasks=["niah_single_2"]), essay_file=str(tmp_path / "essay.txt"))
     with pytest.raises(FileNotFoundError, match="babi"):
-        EvalSuite(babilong_tasks=["qa1"], babilong_data_dir=str(tmp_path / "babi"))
+        EvalSuite(babilong=dict(tasks=["qa1"], data_dir=str(tmp_path / "babi")))
 
 
 def test_official_babilong_files_through_the_suite(tmp_path):
     """The suite reads the official layout, names the splits and the source, and points each sample at its row."""
     import torch
 
-    from swax_lightning.config import ModelConfig
-    from swax_lightning.model import SWAXModel
+    from swax_lightning.model.config import ModelConfig
+    from swax_lightning.model.model import SWAXModel
 
     (tmp_path / "qa1").mkdir()
     rows = [{"input": "Mary went to the office.", "question": "Where is Mary?", "target": "office"}] * 2
     (tmp_path / "qa1" / "4k.json").write_text(json.dumps(rows))
-    suite = EvalSuite(babilong_tasks=["qa1"], babilong_lengths=[4096], babilong_samples=1,
-                      babilong_data_dir=str(tmp_path))
+    suite = EvalSuite(babilong=dict(tasks=["qa1"], lengths=[4096], samples=1, data_dir=str(tmp_path)))
     torch.manual_seed(0)
     model = SWAXModel(ModelConfig(d_model=32, n_layers=2, n_heads=2, mlstm_heads=2, window=8)).eval()
     samples = []
-    result = suite._run_babilong(model, ByteTokenizer(), samples)
+    result = suite.evaluation("babilong").run(model, SimpleNamespace(tokenizer=ByteTokenizer()), samples)
     assert result["source"] == f"official BABILong files in {tmp_path}" and "GPT-2" in result["length_unit"]
     assert result["scores"]["qa1"]["4k"]["n"] == 1
     assert samples[0]["source"] == "qa1/4k.json row 0" and samples[0]["target"] == "office"
@@ -135,18 +135,17 @@ def test_the_cost_estimate_counts_the_tokens_the_suite_reads():
     suite's own samples then hold, within their tails, and times them from the model's measured speed."""
     import torch
 
-    from swax_lightning.config import ModelConfig
     from swax_lightning.evals.cost import estimate, workload
-    from swax_lightning.model import SWAXModel
+    from swax_lightning.model.config import ModelConfig
+    from swax_lightning.model.model import SWAXModel
 
-    suite = EvalSuite(niah_tasks=["niah_single_1", "niah_multikey_2"], niah_lengths=[1024, 2048], niah_samples=2,
-                      niah_depths=2, babilong_tasks=["qa1"], babilong_lengths=[2048], babilong_samples=2,
-                      max_new_tokens=4)
+    suite = EvalSuite(niah=dict(tasks=["niah_single_1", "niah_multikey_2"], lengths=[1024, 2048], samples=2, depths=2,
+                                max_new_tokens=4), babilong=dict(tasks=["qa1"], lengths=[2048], samples=2))
     torch.manual_seed(0)
     model = SWAXModel(ModelConfig(d_model=32, n_layers=2, n_heads=2, mlstm_heads=2, window=8)).eval()
     samples = []
-    suite._run_niah(model, ByteTokenizer(), samples)
-    suite._run_babilong(model, ByteTokenizer(), samples)
+    suite.evaluation("niah").run(model, SimpleNamespace(tokenizer=ByteTokenizer()), samples)
+    suite.evaluation("babilong").run(model, SimpleNamespace(tokenizer=ByteTokenizer()), samples)
     counted = workload(suite)
     for name, kind in (("RULER NIAH", "niah"), ("BABILong", "babilong")):
         read = [s["tokens"] for s in samples if s["eval"] == kind]

@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from swax_lightning.config import ModelConfig
-from swax_lightning.model import SWAXModel
-from swax_lightning.tokenizer import ByteTokenizer
+from swax_lightning.data.tokenizer import ByteTokenizer
+from swax_lightning.model.config import ModelConfig
+from swax_lightning.model.model import SWAXModel
 
 pytest.importorskip("lm_eval")
 from swax_lightning.evals import reports  # noqa: E402
@@ -116,7 +116,7 @@ def write_tasks(folder: Path) -> Path:
 @pytest.mark.slow
 def test_lm_eval_command_line_runs_the_swax_model(tmp_path):
     """`lm_eval --model swax --model_args ckpt_path=...` from the shell, with the plugin folder on PYTHONPATH."""
-    from swax_lightning.module import LanguageModule
+    from swax_lightning.training.module import LanguageModule
 
     module = LanguageModule(arch=ModelConfig(d_model=32, n_layers=2, n_heads=2, mlstm_heads=2, window=8))
     module.configure_model()
@@ -143,8 +143,8 @@ def test_lm_evals_own_hf_model_scores_an_export_as_the_swax_model_does(tmp_path)
     log-likelihoods, hence the accuracies, of `--model swax` on the checkpoint itself."""
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate", reason="the `hf` group: bash setup.sh hf")
-    from swax_lightning.export import export
-    from swax_lightning.module import LanguageModule
+    from swax_lightning.commands.export import export
+    from swax_lightning.training.module import LanguageModule
 
     module = LanguageModule(arch=ModelConfig(d_model=32, n_layers=2, n_heads=2, mlstm_heads=2, window=8))
     module.configure_model()

@@ -3,12 +3,13 @@ singular rewrite and newline-joined haystacks); oracles run through the suite's 
 reads the whole prompt scores 100 on every task, one that reads only the last W tokens at most 5 from 16W on."""
 import re
 from collections import defaultdict
+from types import SimpleNamespace
 
 import pytest
 
+from swax_lightning.data.tokenizer import ByteTokenizer
 from swax_lightning.evals import essay, ruler
 from swax_lightning.evals.suite import EvalSuite
-from swax_lightning.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()
 NEEDLE_RE = re.compile(r"One of the special magic \w+ for (\S+) is: (\S+)\.")
@@ -115,7 +116,7 @@ def run_suite_niah(suite, window: int | None) -> tuple[dict, list]:
     samples = []
     original, suite_module.continue_texts = suite_module.continue_texts, continue_texts
     try:
-        return suite._run_niah(None, TOK, samples), samples
+        return suite.evaluation("niah").run(None, SimpleNamespace(tokenizer=TOK), samples), samples
     finally:
         suite_module.continue_texts = original
 
@@ -125,11 +126,12 @@ def test_a_window_only_model_scores_at_most_5_on_every_task_through_the_suites_d
     last W tokens scores at most 5% from 16W on, on every task, while one that reads the whole prompt scores 100.
     With the earlier dealing (depth (i x 8 + t) mod 40, 5 samples per task) each task saw 5 depths and the task
     listed last here, niah_single_3, scored 20 at 16W, 32W and 64W."""
-    suite = EvalSuite(niah_tasks=sorted(ruler.TASKS), niah_lengths=[16 * W, 32 * W, 64 * W])
-    assert suite.niah_samples == 40 and len(suite.niah_depths) == 40  # the defaults
+    suite = EvalSuite(niah=dict(tasks=sorted(ruler.TASKS), lengths=[16 * W, 32 * W, 64 * W]))
+    niah = suite.evaluation("niah").settings
+    assert niah.samples == 40 and len(niah.depths) == 40  # the defaults
     window, samples = run_suite_niah(suite, W)
     for task in ruler.TASKS:
-        for length in suite.niah_lengths:
+        for length in niah.lengths:
             cell = window["scores"][task][str(length)]
             assert cell["n"] == 40 and cell["mean"] <= 5.0, (task, length, cell)
     full, _ = run_suite_niah(suite, None)
@@ -143,7 +145,7 @@ def test_a_window_only_model_scores_at_most_5_on_every_task_through_the_suites_d
 def test_few_depths_let_a_window_only_model_score_20():
     """The test above can fail: with depths 0, .25, .5, .75, 1 the needle at depth 1 sits inside the window, and the
     window-only model scores 20 at 32W."""
-    suite = EvalSuite(niah_tasks=["niah_single_1"], niah_lengths=[32 * W], niah_samples=5, niah_depths=5)
+    suite = EvalSuite(niah=dict(tasks=["niah_single_1"], lengths=[32 * W], samples=5, depths=5))
     window, _ = run_suite_niah(suite, W)
     assert window["scores"]["niah_single_1"][str(32 * W)]["mean"] == 20.0
 
@@ -152,7 +154,7 @@ def test_few_depths_let_a_window_only_model_score_20():
 def test_niah_length_in_tokens_of_a_bpe_tokenizer(length, tmp_path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from swax_lightning.tokenizer import HFTokenizer
+    from swax_lightning.data.tokenizer import HFTokenizer
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
@@ -179,6 +181,6 @@ def test_a_too_short_niah_length_is_refused_at_setup_before_any_training():
 
     trainer = SimpleNamespace(datamodule=SimpleNamespace(tokenizer=TOK))
     module = SimpleNamespace(arch=None)  # no window override: the model's shape is not consulted
-    with pytest.raises(ValueError, match=r"EvalSuite.niah_lengths: niah_single_2: length 256 is too short"):
-        EvalSuite(niah_tasks=["niah_single_2"], niah_lengths=[4096, 256], niah_samples=40).setup(trainer, module, "fit")
-    EvalSuite(niah_tasks=["niah_single_2"], niah_lengths=[512], niah_samples=40).setup(trainer, module, "fit")
+    with pytest.raises(ValueError, match=r"eval.niah.lengths: niah_single_2: length 256 is too short"):
+        EvalSuite(niah=dict(tasks=["niah_single_2"], lengths=[4096, 256], samples=40)).setup(trainer, module, "fit")
+    EvalSuite(niah=dict(tasks=["niah_single_2"], lengths=[512], samples=40)).setup(trainer, module, "fit")

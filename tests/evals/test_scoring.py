@@ -3,10 +3,10 @@ log-softmax of one whole-sequence forward, for every layer kind and for a left-p
 import pytest
 import torch
 
-from swax_lightning.config import ModelConfig
 from swax_lightning.evals.scoring import token_scores
-from swax_lightning.inference import left_pad
-from swax_lightning.model import SWAXModel
+from swax_lightning.model.config import ModelConfig
+from swax_lightning.model.inference import left_pad
+from swax_lightning.model.model import SWAXModel
 
 
 @pytest.mark.parametrize("pattern", ["SX", "AD"])

@@ -4,12 +4,12 @@ cross-entropy on the model's logits."""
 import pytest
 import torch
 import torch.nn.functional as F
-from swax_lightning.kernels.ce.chunked import softcap_cross_entropy_chunked
-from swax_lightning.kernels.ce.naive import softcap_cross_entropy_reference
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from swax_lightning.config import ModelConfig
-from swax_lightning.model import SWAXModel
+from swax_lightning.kernels.ce.chunked import softcap_cross_entropy_chunked
+from swax_lightning.kernels.ce.naive import softcap_cross_entropy_reference
+from swax_lightning.model.config import ModelConfig
+from swax_lightning.model.model import SWAXModel
 
 
 @pytest.mark.parametrize("N,V,rows,cap", [

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from swax_lightning.kernels import backends, mlstm_chunkwise, mlstm_parallel, sliding_window_attention, swa_reference
 
-from swax_lightning.config import ConfigError, ModelConfig
+from swax_lightning.core.errors import ConfigError
+from swax_lightning.kernels import backends, mlstm_chunkwise, mlstm_parallel, sliding_window_attention, swa_reference
+from swax_lightning.model.config import ModelConfig
 
 
 @pytest.fixture(autouse=True)
@@ -88,7 +89,7 @@ def test_env_override_beats_the_config(monkeypatch):
 
 
 def test_choice_recorded_in_hparams():
-    from swax_lightning.module import LanguageModule
+    from swax_lightning.training.module import LanguageModule
 
     module = LanguageModule(arch=dict(kernels={"attention": "sdpa"}))
     assert module.hparams["arch"]["kernels"] == {"attention": "sdpa", "mlstm": "auto", "deltanet": "auto"}

@@ -5,9 +5,10 @@ far their backward is from exact at the soft cap. Skipped where mlstm_kernels is
 import pytest
 import torch
 import torch.nn.functional as F
-from swax_lightning.kernels import backends, mlstm_chunkwise, mlstm_parallel, mlstm_recurrent
 
-from swax_lightning.config import ConfigError, ModelConfig
+from swax_lightning.core.errors import ConfigError
+from swax_lightning.kernels import backends, mlstm_chunkwise, mlstm_parallel, mlstm_recurrent
+from swax_lightning.model.config import ModelConfig
 from tests.kernels.test_mlstm_triton import saturated_grad_errors
 
 pytest.importorskip("mlstm_kernels")

@@ -1,16 +1,16 @@
 """Triton chunkwise mLSTM (through the Triton interpreter on CPU) against the PyTorch reference forms: outputs,
 final states, gradients after the per-head norm, carried state, odd lengths, extreme gates, unwritten outputs."""
 import pytest
-import swax_lightning.kernels.mlstm.triton as mlstm_triton_module
 import torch
 import torch.nn.functional as F
+
+import swax_lightning.kernels.mlstm.triton as mlstm_triton_module
+from swax_lightning import kernels
 from swax_lightning.kernels import mlstm_chunkwise, mlstm_parallel, mlstm_recurrent
 from swax_lightning.kernels.mlstm.triton import mlstm_chunkwise_triton
 from swax_lightning.kernels.util import soft_cap
-
-from swax_lightning import kernels
-from swax_lightning.building_blocks import MultiHeadLayerNorm
-from swax_lightning.config import ModelConfig
+from swax_lightning.model.building_blocks import MultiHeadLayerNorm
+from swax_lightning.model.config import ModelConfig
 
 TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.float16: dict(atol=2e-2, rtol=2e-2),
        torch.bfloat16: dict(atol=1e-1, rtol=5e-2)}

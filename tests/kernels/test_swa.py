@@ -1,6 +1,7 @@
 """Sliding-window attention: the blocked O(T*W) path against the dense masked reference, forward and backward."""
 import pytest
 import torch
+
 from swax_lightning.kernels import sliding_window_attention, sliding_window_mask, swa_blocked, swa_reference
 from swax_lightning.kernels.swa.blocked import swa_band
 

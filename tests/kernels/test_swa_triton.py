@@ -1,8 +1,9 @@
 """Triton sliding-window attention (through the Triton interpreter on CPU) against the dense PyTorch reference,
 forward and backward, on odd shapes; every output element must be written (buffers start as NaN)."""
 import pytest
-import swax_lightning.kernels.swa.triton as swa_triton_module
 import torch
+
+import swax_lightning.kernels.swa.triton as swa_triton_module
 from swax_lightning.kernels import sliding_window_attention, swa_reference
 from swax_lightning.kernels.swa.triton import swa_triton
 

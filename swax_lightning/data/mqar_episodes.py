@@ -1,0 +1,162 @@
+"""Multi-query associative recall (MQAR) written as text: the training documents of `data.recall` with kind mqar, and
+the held-out episodes of the `eval.mqar.gaps` evaluation (evals/mqar.py).
+
+An episode states `pairs` key-value pairs, then `gap` characters of filler, then asks for every key again in a new
+order, each followed by its value; one episode per line. Keys are lowercase letters, values capitals, the filler
+digits: the three never share a character, so the text parses without separators. With 8 pairs of one-letter keys
+and gap 7:
+
+    jXyGdBkNqVzXmAvC4837424qVyGkNzXjXvCmAdB
+
+A value is predictable only from its key's earlier pair. Keys of `key_length` letters are spelled in a small
+alphabet drawn per episode, chosen so that only the whole key names a value: every key has, for each of its
+positions, another key that differs from it only there (for 2-letter keys: every letter, first or second, is shared
+by two keys), so no part of a key finds its value. Values are drawn with replacement from 26 capitals; every value is
+one token for the byte tokenizer and for any byte-level BPE.
+
+The reach of a query is the number of tokens from its key's stated value to the value it asks for: a layer that
+sees `reach` tokens back (a window W >= reach) can copy the answer; beyond that only a memory can. With pairs of
+key_length + 1 characters it runs from gap + key_length + 1 (the last pair, asked first) to
+(2 * pairs - 1) * (key_length + 1) + gap (the first pair, asked last): `max_reach`. Training documents draw gaps in
+[0, max_gap], so a mix whose max_reach(max_gap) is at most the long window keeps every training pair inside it.
+
+Decisions:
+- Everything is a pure function of (seed, index) (training) or (seed, gap, index) (evaluation), through string
+  seeds of separate namespaces, so the corpus and the evaluation are the same on every machine and never share an
+  episode's random stream.
+- A training document is episodes up to doc_chars characters: blocks of the training split then hold many whole
+  episodes, and cut at most one per block boundary. Only its queried values are scored (`training_pieces`;
+  loss_mask.py): the keys, stated values and filler are random, there to be read.
+- Episodes are tokenized piece by piece (`Episode.pieces`), each asked value alone, so its position is exact
+  whatever the tokenizer (with the byte tokenizer the pieces' tokens are the whole text's).
+"""
+from __future__ import annotations
+
+import math
+import random
+import string
+from dataclasses import dataclass
+from itertools import product
+
+LETTERS = string.ascii_lowercase
+VALUES = string.ascii_uppercase
+FILLER = string.digits
+KEY_SET_TRIES = 10_000  # random key sets tried per alphabet size (at 6 pairs of 2 letters, 7% qualify)
+EXTRA_LETTERS = 2  # alphabet sizes tried beyond the fewest that spell `pairs` keys
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One MQAR episode: the text, and for each query (in order) its value, the character offset of that value in
+    `text`, and its reach."""
+
+    text: str
+    gap: int
+    values: list[str]
+    answer_offsets: list[int]
+    reaches: list[int]
+
+    def pieces(self) -> list[tuple[str, bool]]:
+        """The text as (piece, is an asked value) pieces, in order: what is tokenized, each value alone."""
+        out, start = [], 0
+        for offset in self.answer_offsets:
+            out += [(self.text[start:offset], False), (self.text[offset], True)]
+            start = offset + 1
+        return out + ([(self.text[start:], False)] if start < len(self.text) else [])
+
+
+def pair_chars(key_length: int) -> int:
+    """Characters of one pair: the key, then its value."""
+    return key_length + 1
+
+
+def episode_chars(pairs: int, key_length: int, gap: int) -> int:
+    """Characters of an episode: the pairs, the gap, the queries and the newline."""
+    return 2 * pairs * pair_chars(key_length) + gap + 1
+
+
+def max_reach(pairs: int, key_length: int, gap: int) -> int:
+    """The longest reach of an episode with this gap: the first pair, asked last."""
+    return (2 * pairs - 1) * pair_chars(key_length) + gap
+
+
+def key_set(rng: random.Random, pairs: int, key_length: int) -> list[str]:
+    """`pairs` distinct keys in which only the whole key names its pair (module docstring), in the fewest letters that
+    allow it (the alphabet itself drawn from a-z)."""
+    fewest = max(2, math.ceil(pairs ** (1 / key_length) - 1e-9))
+    for letters in range(fewest, min(fewest + EXTRA_LETTERS, len(LETTERS)) + 1):
+        alphabet = rng.sample(LETTERS, letters)
+        words = ["".join(w) for w in product(alphabet, repeat=key_length)]
+        if len(words) >= pairs:
+            for _ in range(KEY_SET_TRIES):
+                keys = rng.sample(words, pairs)
+                if key_length == 1 or _only_whole_keys_name(keys):
+                    return keys
+    raise ValueError(f"no set of {pairs} keys of {key_length} letters in which only the whole key names its value "
+                     f"(with 2-letter keys: 4 or from 6 pairs on)")
+
+
+def check_shape(pairs: int, key_length: int, max_gap: int, owner: str) -> None:
+    """Raises ValueError naming `owner`'s field when episodes of this shape cannot be written."""
+    for name, value, least in (("pairs", pairs, 1), ("key_length", key_length, 1), ("max_gap", max_gap, 0)):
+        if value < least:
+            raise ValueError(f"{owner}.{name} must be >= {least} (got {value})")
+    try:
+        key_set(random.Random(0), pairs, key_length)
+    except ValueError as err:
+        raise ValueError(f"{owner}.pairs / key_length: {err}") from None
+
+
+def _only_whole_keys_name(keys: list[str]) -> bool:
+    """Every key has, at each position, a neighbour: another key equal to it everywhere else."""
+    chosen = set(keys)
+    return all(any(key[:p] + c + key[p + 1:] in chosen for c in LETTERS if c != key[p])
+               for key in keys for p in range(len(key)))
+
+
+def episode(rng: random.Random, pairs: int, key_length: int, gap: int) -> Episode:
+    keys = key_set(rng, pairs, key_length)
+    values = [rng.choice(VALUES) for _ in keys]
+    stated = "".join(f"{k}{v}" for k, v in zip(keys, values))
+    filler = "".join(rng.choice(FILLER) for _ in range(gap))
+    order = rng.sample(range(pairs), pairs)
+    width = pair_chars(key_length)
+    text = stated + filler
+    asked, offsets, reaches = [], [], []
+    for i in order:
+        text += keys[i]
+        offsets.append(len(text))
+        reaches.append(len(text) - (width * i + width - 1))
+        asked.append(values[i])
+        text += values[i]
+    return Episode(text + "\n", gap, asked, offsets, reaches)
+
+
+def training_episodes(index: int, pairs: int, key_length: int, max_gap: int, doc_chars: int,
+                      seed: int = 0) -> list[Episode]:
+    """The episodes of training document `index`: gaps uniform in [0, max_gap], until doc_chars characters."""
+    rng = random.Random(f"mqar-train-{seed}-{index}")
+    episodes, length = [], 0
+    while length < doc_chars:
+        episodes.append(episode(rng, pairs, key_length, rng.randint(0, max_gap)))
+        length += len(episodes[-1].text)
+    return episodes
+
+
+def training_document(index: int, pairs: int, key_length: int, max_gap: int, doc_chars: int,
+                      seed: int = 0) -> tuple[str, list[int]]:
+    """(text, the reach of every query in it) of training document `index`, one episode per line."""
+    episodes = training_episodes(index, pairs, key_length, max_gap, doc_chars, seed)
+    return "".join(ep.text for ep in episodes), [r for ep in episodes for r in ep.reaches]
+
+
+def training_pieces(index: int, pairs: int, key_length: int, max_gap: int, doc_chars: int,
+                    seed: int = 0) -> list[tuple[str, bool]]:
+    """Training document `index` as (text, scored) pieces: only the queried values are scored."""
+    episodes = training_episodes(index, pairs, key_length, max_gap, doc_chars, seed)
+    return [piece for ep in episodes for piece in ep.pieces()]
+
+
+def eval_episode(gap: int, index: int, pairs: int, key_length: int, seed: int = 0) -> Episode:
+    """Held-out episode `index` at `gap` (a random stream no training document uses)."""
+    return episode(random.Random(f"mqar-eval-{seed}-{gap}-{index}"), pairs, key_length, gap)

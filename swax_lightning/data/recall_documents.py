@@ -1,0 +1,167 @@
+"""Synthetic long-range recall: training documents that give a small model's memory something to do, and the
+held-out samples that measure it.
+
+Two kinds (RecallMix.kind): `facts`, below, and `mqar`, multi-query associative recall episodes (swax_lightning/data/mqar_episodes.py:
+pairs of short keys and one-letter values, a gap of filler, then every key asked again).
+
+A `facts` training document is a stream of facts and questions in RULER's needle wording:
+
+    One of the special magic numbers for kavolu is: 4819273.
+    What is the special magic number for kavolu? The special magic number for kavolu is: 4819273.
+
+A question repeats a fact stated `distance` characters before (measured from the fact's last mention); its value is
+predictable only by remembering. Distances follow a documented mixture: with probability 1 - far_share uniform in
+[min_distance, near_limit) (most recalls are short, as in natural text), else uniform in [near_limit, max_distance]
+(beyond the long window). Distances run from the fact's start (its last mention) to the question's start, and the
+question names the mention nearest that point. Statements are 57-95 characters, so a distance under one statement
+mostly names the statement just before the question, and the position rather than the key says which fact is asked:
+a `min_distance` above a statement's length (100) removes most of that shortcut.
+With the byte tokenizer characters are tokens.
+
+Held-out samples (`eval_sample`) share nothing with training but the wording: keys are adjective-noun words (RULER's
+list) instead of made-up syllable words, values come from another seed, and the filler between fact and question is
+generated prose (evals/essay.py) that no training document contains. The model's loss on the answer's tokens, as a
+function of the distance, is the study's continuous measure of memory (evals/recall_loss.py).
+
+Everything is a pure function of (seed, index): the same corpus on every machine.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from swax_lightning.data import mqar_episodes as mqar
+
+FACT = "One of the special magic numbers for {key} is: {value}.\n"
+QUESTION = "What is the special magic number for {key}? The special magic number for {key} is: "
+SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
+
+
+KINDS = ("facts", "mqar")
+
+
+@dataclass(frozen=True)
+class RecallMix:
+    """How many training recall documents there are, of which kind, and how they place their recalls.
+
+    Args:
+        documents: Recall documents added to the training split (TextDataModule's `recall`).
+        kind: facts (RULER-worded facts and questions) or mqar (associative recall episodes, swax_lightning/data/mqar_episodes.py).
+        min_distance: facts: shortest fact-to-question distance (characters).
+        near_limit: facts: near recalls are drawn below this distance (set it to the long window).
+        max_distance: facts: longest distance (set it below the training length, so fact and question share a block).
+        far_share: facts: share of questions drawn in [near_limit, max_distance].
+        question_share: facts: share of statements that are questions (the rest state new facts).
+        pairs: mqar: key-value pairs per episode.
+        key_length: mqar: letters per key (from 2 on, only the whole key names its value).
+        max_gap: mqar: training gaps (filler characters between the pairs and their queries) are uniform in
+            [0, max_gap]; every training pair then lies within mqar.max_reach(pairs, key_length, max_gap) tokens of
+            its query (byte tokenizer): keep that inside the long window.
+        doc_chars: Characters per document.
+    """
+
+    documents: int = 0
+    kind: str = "facts"
+    min_distance: int = 8
+    near_limit: int = 128
+    max_distance: int = 900
+    far_share: float = 0.25
+    question_share: float = 0.4
+    pairs: int = 8
+    key_length: int = 1
+    max_gap: int = 16
+    doc_chars: int = 8192
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"RecallMix.kind must be one of {', '.join(KINDS)} (got {self.kind!r})")
+        if self.kind == "mqar":
+            mqar.check_shape(self.pairs, self.key_length, self.max_gap, "RecallMix")
+        if not 0 < self.min_distance < self.near_limit <= self.max_distance:
+            raise ValueError(f"RecallMix: need 0 < min_distance ({self.min_distance}) < near_limit "
+                             f"({self.near_limit}) <= max_distance ({self.max_distance})")
+        if self.documents < 0:
+            raise ValueError(f"RecallMix.documents must be >= 0 (got {self.documents})")
+        for name in ("far_share", "question_share"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"RecallMix.{name} must be in [0, 1] (got {getattr(self, name)})")
+
+    @property
+    def has_context_only(self) -> bool:
+        """Whether its documents hold context-only tokens (loss_mask.py): an MQAR document is scored on its queried
+        values alone."""
+        return self.kind == "mqar"
+
+    def distance(self, rng: random.Random) -> int:
+        if rng.random() < self.far_share:
+            return rng.randint(self.near_limit, self.max_distance)
+        return rng.randint(self.min_distance, self.near_limit - 1)
+
+
+def syllable_key(rng: random.Random) -> str:
+    return "".join(rng.choice(SYLLABLES) for _ in range(3))
+
+
+def number(rng: random.Random) -> str:
+    return str(rng.randint(1_000_000, 9_999_999))
+
+
+def training_pieces(index: int, mix: RecallMix, seed: int = 0) -> list[tuple[str, bool]]:
+    """Document `index` as (text, scored) pieces: a facts document is one scored piece; an MQAR document is scored on
+    its queried values only (each a piece of its own, so that its tokens are exact whatever the tokenizer)."""
+    if mix.kind == "mqar":
+        return mqar.training_pieces(index, mix.pairs, mix.key_length, mix.max_gap, mix.doc_chars, seed)
+    return [(training_document(index, mix, seed)[0], True)]
+
+
+def training_document(index: int, mix: RecallMix, seed: int = 0) -> tuple[str, list[int]]:
+    """(text, the distance of every question in it) of document `index`; for kind mqar, the reach of every query."""
+    if mix.kind == "mqar":
+        return mqar.training_document(index, mix.pairs, mix.key_length, mix.max_gap, mix.doc_chars, seed)
+    rng = random.Random(f"recall-train-{seed}-{index}")
+    parts, length, last_mention, values, distances = [], 0, [], {}, []
+    while length < mix.doc_chars:
+        if last_mention and rng.random() < mix.question_share:
+            target = length - mix.distance(rng)
+            pos, key = min(last_mention, key=lambda m: abs(m[0] - target))
+            last_mention.remove((pos, key))
+            text = QUESTION.format(key=key) + values[key] + ".\n"
+            distances.append(length - pos)
+        else:
+            key = syllable_key(rng)
+            values[key] = number(rng)
+            text = FACT.format(key=key, value=values[key])
+        last_mention.append((length, key))
+        parts.append(text)
+        length += len(text)
+    return "".join(parts), distances
+
+
+@dataclass
+class RecallSample:
+    distance: int      # characters between the end of the fact and the start of the question
+    key: str
+    value: str
+    prompt: str        # everything before the answer
+    index: int
+
+    @property
+    def reach(self) -> int:
+        """Characters from the fact's value to the answer (the same offset for every digit): how far back a layer
+        must see to copy the answer. The fact's tail and the question lie between them, so reach > distance + 90."""
+        return len(self.prompt) - self.prompt.index(self.value)
+
+
+def eval_sample(distance: int, index: int, filler: list[str], keys: list[str], seed: int = 0) -> RecallSample:
+    """A held-out recall: a fact, `distance` characters of filler sentences, then the question; the answer is the
+    value. `filler` are prose sentences and `keys` held-out key words (see the module docstring)."""
+    rng = random.Random(f"recall-eval-{seed}-{distance}-{index}")
+    key, value = rng.choice(keys), number(rng)
+    sentences, n = [], 0
+    while n < distance:
+        sentence = rng.choice(filler) + " "
+        sentences.append(sentence)
+        n += len(sentence)
+    gap = "".join(sentences)[:distance]
+    prompt = FACT.format(key=key, value=value) + gap + "\n" + QUESTION.format(key=key)
+    return RecallSample(distance, key, value, prompt, index)

@@ -1,0 +1,75 @@
+"""Attention layer: sliding-window attention with optional sink tokens (pattern letter S), or full causal attention
+(letter A, the same layer with no window).
+
+Decisions:
+- The window is a plain Python attribute (`self.window`), not a buffer or parameter: the window callback changes it
+  between steps with no rebuild and it is never saved in a checkpoint (it is a run-time setting; the config's
+  `window` is the evaluation default). A full-attention layer has window None; SWAXModel.set_window and set_sinks
+  change only the sliding layers.
+- RoPE at absolute positions (docs/design.md section 2), so a query's relative view is the same at any offset. A
+  full-attention model masked to a window with sinks (training-free SWA) therefore keeps the positions it was
+  trained with: the model is the same, only the mask changes.
+- Pretrained imports (swax_lightning/pretrained/hf_import.py) may add q/k/v biases (qkv_bias, Qwen2), a per-head
+  RMSNorm of queries and keys before RoPE (qk_norm, Qwen3: one weight of head_dim shared by the heads, as in
+  transformers) and RoPE frequency scaling (rope_scale); the attention arithmetic is unchanged.
+- GQA: n_kv_heads key/value heads shared by groups of query heads.
+- The attention itself is `kernels.sliding_window_attention`, with the backend the config's `kernels.attention`
+  names (auto: SDPA for full attention, the blocked O(T * W) PyTorch path on CPU, flash-attn or Triton on GPU).
+- Streaming inference passes a cache (cache.py) and the tokens' absolute positions; the cache then holds the keys
+  and values the chunk needs, and nothing else changes.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from swax_lightning.kernels import sliding_window_attention
+from swax_lightning.model.building_blocks import rope_rotate
+from swax_lightning.model.cache import FullKVCache, WindowKVCache
+from swax_lightning.model.config import ModelConfig
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, sliding: bool):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.attn_head_dim
+        self.rope_theta, self.rope_scale, self.max_positions = cfg.rope_theta, cfg.rope_scale, cfg.max_positions
+        self.sliding = sliding
+        self.window: int | None = cfg.window if sliding else None
+        self.n_sink = cfg.n_sink if sliding else 0
+        self.kernel = cfg.kernels["attention"]
+        self.q_proj = nn.Linear(cfg.d_model, self.n_heads * self.head_dim, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.d_model, self.n_kv_heads * self.head_dim, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.d_model, self.n_kv_heads * self.head_dim, bias=cfg.qkv_bias)
+        self.out_proj = nn.Linear(self.n_heads * self.head_dim, cfg.d_model, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps)
+            self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps)
+        else:
+            self.q_norm = self.k_norm = nn.Identity()
+
+    def new_cache(self, batch: int, dtype: torch.dtype, device) -> WindowKVCache | FullKVCache:
+        if self.sliding:
+            return WindowKVCache(batch, self.window, self.n_sink, self.n_kv_heads, self.head_dim, dtype, device)
+        return FullKVCache(batch, self.n_kv_heads, self.head_dim, dtype, device)
+
+    def forward(self, x: torch.Tensor, cache: WindowKVCache | FullKVCache | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, T, d]. Training: no cache, positions 0 .. T-1. Streaming: a cache and positions [B, T]."""
+        B, T, _ = x.shape
+        if positions is None:
+            positions = torch.arange(T, device=x.device)
+        q = self._rope(self.q_norm(self.q_proj(x).view(B, T, self.n_heads, self.head_dim)), positions)
+        k = self._rope(self.k_norm(self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)), positions)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        if cache is None:
+            out = sliding_window_attention(q, k, v, self.window, self.n_sink, kernel=self.kernel)
+        else:
+            out = cache.attend(q, k, v, positions)
+        return self.out_proj(out.reshape(B, T, -1))
+
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return rope_rotate(x, positions, self.rope_theta, self.rope_scale, self.max_positions)
+
+    def extra_repr(self) -> str:
+        return f"window={self.window}, n_sink={self.n_sink}, heads={self.n_heads}/{self.n_kv_heads}"
