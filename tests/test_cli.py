@@ -144,6 +144,9 @@ def test_bad_value_is_one_line_naming_the_field(tmp_path):
     (["--model.optim.lr", "0"], "OptimConfig.lr must be > 0"),
     (["--model.generation.top_p", "0"], "GenerationConfig.top_p"),
     (["--data.batch_size", "0"], "TextDataModule.batch_size"),
+    (["--data.num_workers", "-1"], "TextDataModule.num_workers must be >= 0 (got -1)"),
+    (["--window.windows", "[16, 4096]"], "window.windows [4096] are longer than data.seq_len"),
+    (["--trainer.val_check_interval", "0"], "trainer.val_check_interval must be > 0"),
     (["--model.arch.window", "abc"], 'Parser key "model.arch.window"'),
     (["--optimizer", "AdamW"], "unrecognized arguments: --optimizer"),  # LightningCLI's dead optimizer group
     (["--config", "no_such.yaml"], "config file not found: no_such.yaml"),

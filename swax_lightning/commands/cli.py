@@ -154,6 +154,7 @@ class SwaxCLI(LightningCLI):
             self.model.arch.check_run(self.trainer.strategy.root_device.type, self.trainer.precision,
                                       training=self.subcommand == "fit")
             check_vocabulary(self.model.arch, self.datamodule)
+            check_schedule(self.trainer, self.datamodule)
             if self.subcommand:
                 for suite in (c for c in self.trainer.callbacks if isinstance(c, EvalSuite)):
                     suite.check_model(self.model.arch)
@@ -195,6 +196,19 @@ def fit_summary(trainer, metrics: dict) -> str:
     if last is not None and last.exists():
         lines.append(f"evaluate: python main.py test --config {folder / 'config.yaml'} --ckpt_path {last}")
     return "\n".join(lines)
+
+
+def check_schedule(trainer, data: TextDataModule) -> None:
+    """Values each class accepts alone but not together with the others: a training window longer than the training
+    sequences (it would be full attention under another name), and a validation interval of 0."""
+    for callback in (c for c in trainer.callbacks if isinstance(c, StochasticWindow)):
+        longer = [w for w in callback.windows if w > data.seq_len]
+        if longer:
+            raise ConfigError(f"window.windows {longer} are longer than data.seq_len = {data.seq_len}: a training "
+                              f"window must be <= the training length (a window >= it is full attention)")
+    if trainer.val_check_interval == 0:
+        raise ConfigError("trainer.val_check_interval must be > 0 (a number of batches, or a share of an epoch in "
+                          "(0, 1])")
 
 
 def check_vocabulary(arch: ModelConfig, data: TextDataModule) -> None:

@@ -245,6 +245,8 @@ class TextDataModule(L.LightningDataModule):
             raise ValueError(f"TextDataModule.seq_len must be >= 1 (got {seq_len})")
         if batch_size < 1:
             raise ValueError(f"TextDataModule.batch_size must be >= 1 (got {batch_size})")
+        if num_workers < 0:
+            raise ValueError(f"TextDataModule.num_workers must be >= 0 (got {num_workers})")
         for name, fraction in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
             if not 0 < fraction < 1:
                 raise ValueError(f"TextDataModule.{name} must be in (0, 1) (got {fraction})")

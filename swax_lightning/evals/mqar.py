@@ -9,7 +9,8 @@ Per gap: accuracy (%) with a 95% Wilson interval over the n queries, the mean va
 interval over the episodes, and the reach [least, most] of its queries (tokens from a stated value to the value asked
 for: a window W sees the pair when W >= reach). References: a model that reads the pairs scores 100; one that knows
 only that a capital letter comes scores 1/26 = 3.8% (loss ln 26 = 3.26 at best); a guess among the episode's stated
-values (what remembering the values but not their keys allows), 1/pairs.
+values (what remembering the values but not their keys allows), 1/pairs + (1 - 1/pairs)/26 (values are drawn with
+replacement, so another pair may hold the same one): 15.9% for 8 pairs.
 
 Decisions:
 - n counts queries, as the accuracy is a share of them; the queries of one episode share its model state, so the
@@ -94,9 +95,15 @@ def mqar_by_gap(model, tokenizer, gaps: list[int], samples: int, pairs: int, key
     return {"gaps": [_cell(gap, [r for r in rows if r["gap"] == gap]) for gap in gaps],
             "episode": f"{samples} held-out episodes per gap, each {pairs} pairs of {key_length}-letter keys and "
                        f"one-letter values (swax_lightning/data/mqar_episodes.py)",
-            "chance": f"{100 / len(VALUES):.1f}% knowing only the values' alphabet, {100 / pairs:.1f}% guessing "
-                      f"among the episode's stated values (which a memory of the values alone, not of their keys, "
-                      f"allows)", "samples": rows}
+            "chance": f"{100 / len(VALUES):.1f}% knowing only the values' alphabet, "
+                      f"{100 * stated_value_chance(pairs):.1f}% guessing one of the episode's stated values (which a "
+                      f"memory of the values alone, not of their keys, allows)", "samples": rows}
+
+
+def stated_value_chance(pairs: int) -> float:
+    """The share a guess of a random stated pair's value gets right: the queried pair's own value (1 / pairs), or
+    another pair's, equal to it with probability 1 / |VALUES| since values are drawn with replacement."""
+    return 1 / pairs + (1 - 1 / pairs) / len(VALUES)
 
 
 def _cell(gap: int, rows: list[dict]) -> dict:
