@@ -7,7 +7,8 @@
 
 Every field of a YAML file is a documented argument of LanguageModule (model:), TextDataModule (data:), the
 StochasticWindow callback (window:), the EvalSuite callback (eval:) or Lightning's Trainer (trainer:). A configuration
-error prints one line `error: ...` and exits with code 2. Installed as a package, the same command is `swax`.
+error prints one line `error: ...` and exits with code 2. Installed as a package, the same command is `swax
+fit|validate|test|predict ...` (`swax --help`: every verb).
 """
 from swax_lightning.commands.cli import main
 

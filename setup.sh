@@ -27,7 +27,7 @@ for group in "$@"; do
   nodeps="requirements-$group-nodeps.txt"
   [ ! -f "$nodeps" ] || .venv/bin/python -m pip install -q --no-deps -r "$nodeps"
 done
-# The package itself, editable and without dependencies (all installed above): the console scripts swax,
-# swax generate, swax compare, swax export, swax import, and `python -m swax_lightning.<tool>` from any folder.
+# The package itself, editable and without dependencies (all installed above): the console script `swax <verb>`, and
+# `python -m swax_lightning <verb>` from any folder.
 .venv/bin/python -m pip install -q --no-deps -e .
 .venv/bin/python -c "import torch, triton, lightning, litdata; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), '| triton', triton.__version__, '| lightning', lightning.__version__, '| litdata', litdata.__version__)"

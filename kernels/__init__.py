@@ -1,7 +1,9 @@
-"""The dispatch point between the model and its compute kernels: sliding-window attention and the mLSTM cell.
+"""The dispatch point between the model and its compute kernels: sliding-window attention, the mLSTM cell and the
+gated delta rule.
 
-The layers in swax_lightning/ call `sliding_window_attention` and `mlstm_chunkwise` and never pick an
-implementation themselves. Each kernel lives beside its slow reference (flash-linear-attention's layout):
+The layers in swax_lightning/model/ call `sliding_window_attention`, `mlstm_chunkwise` and `gated_delta_chunkwise`
+and never pick an implementation themselves. Each kernel lives beside its slow reference (flash-linear-attention's
+layout):
     kernels/swa/naive.py      dense masked SDPA, O(T^2): the test reference
     kernels/swa/blocked.py    blocked local attention in PyTorch, O(T * W): the CPU / autograd path
     kernels/mlstm/naive.py    parallel (quadratic) and recurrent-step forms: references and the decode step
@@ -11,13 +13,16 @@ implementation themselves. Each kernel lives beside its slow reference (flash-li
     kernels/mlstm/tfla.py     NX-AI's TFLA chunkwise Triton kernels (mlstm_kernels; optional extra, CUDA)
     kernels/deltanet/naive.py gated delta rule, recurrent step and loop: reference and decode step
     kernels/deltanet/chunk.py chunkwise (WY / UT-transform) form in PyTorch: the training path (no Triton yet)
+    kernels/deltanet/fla.py   fla's gated delta rule kernel (optional extra, CUDA)
+    kernels/ce/naive.py       cross-entropy over the full logits: the reference
+    kernels/ce/chunked.py     chunked cross-entropy (never the full logits): the training loss
     kernels/swa/flash.py      flash-attn's window (optional extra, CUDA, no sinks)
     kernels/swa/flex.py       FlexAttention with a sliding-window-plus-sinks block mask (compiled, GPU)
 The backend is chosen per call from the layer's config choice (ModelConfig.kernels: auto, torch, triton, flash,
-flex, sdpa for attention; auto, torch, triton, tfla for the mLSTM), overridden for every operation by the environment
-variable SWAX_KERNELS=auto|torch|triton when it is set. What `auto` picks and what each backend can take is in
-kernels/backends.py; `triton` on CPU tensors needs TRITON_INTERPRET=1 set before triton is imported (the
-interpreter, for tests).
+flex, sdpa for attention; auto, torch, triton, tfla for the mLSTM; auto, torch, fla for the delta rule), overridden
+for every operation by the environment variable SWAX_KERNELS=auto|torch|triton when it is set. What `auto` picks and
+what each backend can take is in kernels/backends.py; `triton` on CPU tensors needs TRITON_INTERPRET=1 set before
+triton is imported (the interpreter, for tests).
 Triton modules are imported on first use, so CPU-only runs never import triton.
 """
 from __future__ import annotations

@@ -14,10 +14,10 @@ MLSTM_AUTO_MEASURED names for the head shape (the fastest measured there), else 
 the PyTorch chunkwise form on CPU. `tfla` is NX-AI's TFLA kernel (mlstm_kernels, kernels/mlstm/tfla.py).
 
 Decisions:
-- `check_choices` runs when the config is built (start-up), so a backend that is not installed, a head dim it
-  cannot take or sinks it has none of is one line naming the field, not a failure at the first GPU forward. It
-  returns (field, message) pairs and raises nothing, so config.py wraps them in its own ConfigError. `check_run`
-  does the same once the trainer is built (the CLI's start-up), for what depends on its device and precision.
+- `check_choices` runs when the config is built (start-up), so a backend that is not installed, a head dim it cannot
+  take or sinks it has none of is one line naming the field, not a failure at the first GPU forward. It returns (field,
+  message) pairs and raises nothing, so ModelConfig raises them as a ConfigError (core/errors.py). `check_run` does the
+  same once the trainer is built (the CLI's start-up), for what depends on its device and precision.
 - Sink counts are clamped to the sequence length before the 64-sink limit of the Triton kernel is applied (at run
   time, where T is known); the config check can only use n_sink itself.
 """

@@ -1,8 +1,9 @@
 """swax-lightning: hybrid sliding-window-attention + mLSTM language models and the short/stochastic-window recipe.
 
-The package is a house of layers, each a subpackage that imports only those below it (tests/test_layers.py checks
-it): core (files, errors) and kernels at the bottom; model; data; training; evals; pretrained and study; commands
-on top. docs/extending.md says where a new layer letter, evaluation or pretrained family goes.
+The package is a house of layers, each a subpackage that imports only those below it (tests/test_layers.py checks it):
+core (files, errors) and kernels at the bottom; model and data side by side (neither imports the other); training;
+evals; pretrained and study; commands on top. docs/extending.md says where a new layer letter, evaluation or pretrained
+family goes.
 """
 __version__ = "0.1.0"  # the one place of the version (pyproject.toml reads it)
 

@@ -426,7 +426,8 @@ def read_run_config(path: str | Path) -> dict:
 
 
 def main(args: list[str] | None = None) -> None:
-    """`python main.py ...` and the `swax` console script: runs the command line `args` (default: sys.argv[1:])."""
+    """`python main.py ...` and `swax fit|validate|test|predict ...`: runs the command line `args` (default:
+    sys.argv[1:])."""
     quiet_lightning()
     SwaxCLI(LanguageModule, TextDataModule, seed_everything_default=0, save_config_callback=RunFolderConfig,
             save_config_kwargs={"overwrite": True, "save_to_log_dir": False},

@@ -15,7 +15,7 @@ pretrained model's positions is refused.
 `--prompt` may be repeated, and each value is taken exactly as typed: the command line pulls the prompts out before
 jsonargparse parses the rest (it would read `--prompt X` as a list to parse, and a prompt such as "[1, 2]" as YAML).
 Errors in what was asked (a missing file, a bad option) are one line `error: ...` with exit code 2
-(swax_lightning.model.config.usage_errors_reported).
+(swax_lightning.core.errors.usage_errors_reported).
 """
 from __future__ import annotations
 

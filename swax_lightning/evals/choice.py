@@ -20,7 +20,7 @@ Decisions:
 - The harness's multiple-choice scoring (acc: the choice of highest log-likelihood; acc_norm: per character), with
   its target delimiter " " between prompt and choice. Distractors are drawn from the same list as the answer.
 - Written as lm-eval task files (a YAML file per task, `dataset_path: json`, and its JSON-lines data), so the
-  evaluation suite runs them as it runs any local task (`lm_eval_tasks`, `lm_eval_include_path`).
+  evaluation suite runs them as it runs any local task (`eval.lm_eval.tasks`, `eval.lm_eval.include_path`).
 """
 from __future__ import annotations
 
@@ -132,7 +132,7 @@ def items(task: str, n: int, seed: int = 0) -> list[dict]:
 
 def write_tasks(folder: str | Path, n: int, seed: int = 0, tasks: tuple[str, ...] = TASKS) -> Path:
     """The lm-eval task files of `tasks` with n items each, in `folder` (written atomically, replaced if there):
-    give it to the evaluation suite as lm_eval_include_path, with lm_eval_tasks = the task names."""
+    give it to the evaluation suite as eval.lm_eval.include_path, with eval.lm_eval.tasks = the task names."""
     if n < 1:
         raise ValueError(f"multiple-choice items per task must be >= 1 (got {n})")
     folder = Path(folder).resolve()

@@ -41,7 +41,7 @@ def position_losses(model: SWAXModel, dataset: StreamingDataset, n_blocks: int, 
     while dataset[i] is block i of the whole split)."""
     if n_blocks == 0:
         raise ValueError(f"no sequence of {length + 1} tokens in {dataset.input_dir.url or dataset.input_dir.path}: "
-                         f"lower perplexity_len")
+                         f"lower eval.perplexity.length")
     edges = bucket_edges(length)
     total, count = torch.zeros(len(edges) - 1, dtype=torch.float64), torch.zeros(len(edges) - 1)
     bucket_of = torch.bucketize(torch.arange(length), torch.tensor(edges[1:]), right=True)

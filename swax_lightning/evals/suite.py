@@ -17,7 +17,8 @@ unsharded copy of a model trained with FSDP2, gathered from all ranks; see paral
 inference, so 131k-token contexts run in bounded memory.
 
 Under a sharded strategy the other ranks take part in the gather of the copy and then leave: every rank runs the same
-test batches (data.py), and the suite on rank 0 is not limited by the strategy's collective_timeout (watchdog.py).
+test batches (data/datamodule.py), and the suite on rank 0 is not limited by the strategy's collective_timeout
+(watchdog.py).
 
 Reports (reports.py), written beside the checkpoint's run (runs/<experiment>/<arm>/eval/, or `output_dir`):
 - results.json: the settings, every cell's mean, sample count and 95% interval, and every sample (its question,

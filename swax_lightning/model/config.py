@@ -2,7 +2,7 @@
 
 The paper (docs/design.md section 1) fixes the depth, width, layer ratio and windows; everything it leaves open
 defaults to the xLSTM-7B block (section 3): SwiGLU FFN of width round_up(8/3 d, 64), mLSTM q/k at half width, gate
-soft-cap 15, no biases except the gate pre-activations. Attention heads default to head dim 128.
+soft-cap 15, no biases except the gate pre-activations. The paper configs give attention heads of dim 128.
 
 Decisions:
 - The depth is the `pattern` string tiled over `n_layers` ("SX" x 12 = 24 layers for the 1.4B), so baselines and

@@ -1,4 +1,4 @@
-"""The comparison's report (retrofit_experiment.py): tables, ratios and plots, from the files each step left.
+"""The comparison's report (experiment.py): tables, ratios and plots, from the files each step left.
 
     python -m swax_lightning retrofit report runs/retrofit/smollm2
 

@@ -339,13 +339,21 @@ def _mark_windows(ax, runs: dict) -> None:
                     color="grey")
 
 
+def _mqar_pairs(settings: dict) -> int:
+    """The MQAR episodes' pairs a run was evaluated with (results.json written before the evaluation registry: the
+    flat `mqar_pairs`)."""
+    return settings["mqar"]["pairs"] if "mqar" in settings else settings["mqar_pairs"]
+
+
 def _mark_chance(ax, runs: dict) -> None:
     """Dotted lines at the accuracy of a model that knows only the values' alphabet, and of one that remembers the
-    stated values but not their keys (1 / pairs)."""
+    stated values but not their keys (evals/mqar.py's stated_value_chance)."""
     from swax_lightning.data.mqar_episodes import VALUES
+    from swax_lightning.evals.mqar import stated_value_chance
 
-    pairs = next(run["results"]["settings"]["mqar"]["pairs"] for run in runs.values() if _mqar(run))
-    for level, label in ((100 / len(VALUES), "the values' alphabet only"), (100 / pairs, "the stated values only")):
+    pairs = next(_mqar_pairs(run["results"]["settings"]) for run in runs.values() if _mqar(run))
+    for level, label in ((100 / len(VALUES), "the values' alphabet only"),
+                         (100 * stated_value_chance(pairs), "the stated values only")):
         ax.axhline(level, color="grey", linestyle=":", linewidth=1)
         ax.annotate(label, (0.02, level), xycoords=("axes fraction", "data"), ha="left", va="bottom", fontsize=7,
                     color="grey")

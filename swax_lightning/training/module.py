@@ -3,11 +3,11 @@
 Decisions:
 - The model is built in configure_model() from a ModelConfig (a YAML section), so that a sharded run can build it on
   the meta device and shard it (parallel.py); hyperparameters are saved in every checkpoint.
-- Loss is mean next-token cross-entropy in fp32 over the scored targets: the context-only tokens of associative
-  recall documents are read, not scored (loss_mask.py). Validation and test accumulate a token-weighted mean with
-  torchmetrics (summed over the ranks) and report loss, perplexity and bits per byte (the loss divided by ln 2 and by
-  the bytes per token the data module measured on the held-out text). Their batches carry a weight (data.py): a
-  padding batch, which only keeps the ranks' batch counts equal, runs the forward and adds nothing to the mean.
+- Loss is mean next-token cross-entropy in fp32 over the scored targets: the context-only tokens of associative recall
+  documents are read, not scored (loss_mask.py). Validation and test accumulate a token-weighted mean with torchmetrics
+  (summed over the ranks) and report loss, perplexity and bits per byte (the loss divided by ln 2 and by the bytes per
+  token the data module measured on the held-out text). Their batches carry a weight (data/datamodule.py): a padding
+  batch, which only keeps the ranks' batch counts equal, runs the forward and adds nothing to the mean.
 - AdamW with linear warmup then cosine decay to min_lr_ratio * lr at max_steps; decay only on matrices (>= 2-D),
   not on norms, biases or gate biases. Gradient clipping is the Trainer's `gradient_clip_val`.
 - Throughput (tokens/s) comes from Lightning's ThroughputMonitor (see throughput.py), not from this module.
@@ -197,7 +197,7 @@ class LanguageModule(L.LightningModule):
         self._evaluate(batch, self.test_loss)
 
     def _evaluate(self, batch: dict, metric: MeanMetric) -> None:
-        """A held-out batch ({"tokens", "weight"}, data.HeldOutBatches) into the token-weighted mean."""
+        """A held-out batch ({"tokens", "weight"}, datamodule.HeldOutBatches) into the token-weighted mean."""
         loss, n = self.loss(batch["tokens"])
         metric.update(loss, weight=n * batch["weight"])
 

@@ -27,7 +27,7 @@ from swax_lightning.model.model import SWAXModel
 
 
 def _blocks(batch) -> torch.Tensor:
-    """The [B, T+1] token blocks of a training batch or of a held-out one ({"tokens", "weight"}, data.py)."""
+    """The [B, T+1] token blocks of a training batch or of a held-out one ({"tokens", "weight"}, data/datamodule.py)."""
     return batch["tokens"] if isinstance(batch, dict) else batch
 
 
