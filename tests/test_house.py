@@ -61,18 +61,22 @@ def test_a_second_checkout_imports_its_own_model_and_kernels(tmp_path, installed
     assert top_level.returncode != 0  # no top-level `kernels` import name
 
 
-def test_the_model_and_an_exported_folders_code_import_without_lightning_or_jsonargparse():
+def test_the_model_and_an_exported_folder_load_without_lightning_or_jsonargparse(tmp_path):
     pytest.importorskip("transformers")
-    code = ("import sys, importlib.util\n"
+    folder = tmp_path / "hf"
+    export = subprocess.run([sys.executable, "-m", "swax_lightning", "export", "--ckpt_path",
+                             str(FIXTURES / "pre_move.ckpt"), "--out", str(folder)], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=300)
+    assert export.returncode == 0, export.stderr
+    code = ("import sys\n"
             "import swax_lightning.model.model, swax_lightning.model.inference\n"
-            "from swax_lightning.model import hf_model\n"
-            "spec = importlib.util.spec_from_file_location('modeling_swax', hf_model.__file__)\n"  # export's copy
-            "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'jsonargparse',"
-            " 'pytorch_lightning')))\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+            "from transformers import AutoModelForCausalLM\n"
+            f"model = AutoModelForCausalLM.from_pretrained({str(folder)!r}, trust_remote_code=True)\n"
+            "print(type(model).__name__, sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', "
+            "'jsonargparse', 'pytorch_lightning')))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    assert out.stdout.split()[-1] == "[]" and out.stdout.startswith("SwaxForCausalLM"), out.stdout
 
 
 def test_the_old_module_names_answer_with_their_new_homes():
