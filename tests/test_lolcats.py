@@ -177,6 +177,9 @@ def test_biases_and_qk_norms_of_a_teacher_are_kept():
     assert mixer.rope_scale == {"type": "linear", "factor": 2.0}
     for name, tensor in attention.state_dict().items():
         assert torch.equal(mixer.state_dict()[name], tensor), name
+    new = [mixer.feature_map_q.layer, mixer.feature_map_k.layer, mixer.window_factors]  # not the norms: the teacher's
+    trained = retrofit.transfer_parameters(student, "new")
+    assert len(trained) == 3 and {id(p) for p in trained} == {id(p) for p in new}
     idx = torch.randint(0, 61, (2, 8), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(student(idx), teacher.eval()(idx), atol=1e-4, rtol=1e-4)
