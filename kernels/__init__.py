@@ -14,6 +14,8 @@ layout):
     kernels/deltanet/naive.py gated delta rule, recurrent step and loop: reference and decode step
     kernels/deltanet/chunk.py chunkwise (WY / UT-transform) form in PyTorch: the training path (no Triton yet)
     kernels/deltanet/fla.py   fla's gated delta rule kernel (optional extra, CUDA)
+    kernels/lolcats/naive.py  LoLCATs' window + linear attention with dense masks, O(T^2): the test reference
+    kernels/lolcats/chunk.py  its block form in PyTorch, O(T * W), linear state in and out, and the decode read
     kernels/ce/naive.py       cross-entropy over the full logits: the reference
     kernels/ce/chunked.py     chunked cross-entropy (never the full logits): the training loss
     kernels/swa/flash.py      flash-attn's window (optional extra, CUDA, no sinks)
@@ -34,6 +36,8 @@ from contextlib import contextmanager
 from swax_lightning.kernels import backends
 from swax_lightning.kernels.deltanet.chunk import gated_delta_chunkwise as _gated_delta_chunkwise_torch
 from swax_lightning.kernels.deltanet.naive import gated_delta_recurrent, gated_delta_step
+from swax_lightning.kernels.lolcats.chunk import LinearState, lolcats_chunked, lolcats_one_block
+from swax_lightning.kernels.lolcats.naive import lolcats_reference
 from swax_lightning.kernels.mlstm.chunk import mlstm_chunkwise as _mlstm_chunkwise_torch
 from swax_lightning.kernels.mlstm.naive import MLSTMState, mlstm_parallel, mlstm_recurrent, mlstm_step
 from swax_lightning.kernels.swa.blocked import swa_blocked
@@ -124,6 +128,7 @@ def gated_delta_chunkwise(q, k, v, beta, g, initial_state=None, chunk_size: int 
     return _gated_delta_chunkwise_torch(q, k, v, beta, g, initial_state, chunk_size)
 
 
-__all__ = ["MLSTMState", "backends", "gated_delta_chunkwise", "gated_delta_recurrent", "gated_delta_step",
+__all__ = ["LinearState", "MLSTMState", "backends", "gated_delta_chunkwise", "gated_delta_recurrent",
+           "gated_delta_step", "lolcats_chunked", "lolcats_one_block", "lolcats_reference",
            "mlstm_chunkwise", "mlstm_parallel", "mlstm_recurrent", "mlstm_step",
            "sliding_window_attention", "sliding_window_mask", "substituted", "swa_blocked", "swa_reference"]

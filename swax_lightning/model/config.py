@@ -26,6 +26,7 @@ from swax_lightning.model.layers import LAYERS, kernels_used
 # rope_scale types and the keys each takes besides `type`.
 ROPE_SCALE_KEYS = {"linear": ("factor",), "dynamic": ("factor",),
                    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+LOLCATS_FEATURE_INITS = ("identity", "kaiming")
 
 
 def round_up(x: float, multiple: int) -> int:
@@ -41,7 +42,8 @@ class ModelConfig:
         d_model: Residual stream width.
         n_layers: Number of blocks; a multiple of len(pattern).
         pattern: Layer kinds tiled over the depth: S = sliding-window attention, X = mLSTM, A = full attention,
-            D = Gated DeltaNet. "SX" is SWAX (SWA first, then mLSTM, 1:1).
+            D = Gated DeltaNet, L = LoLCATs (linear attention + a softmax window). "SX" is SWAX (SWA first, then
+            mLSTM, 1:1).
         n_heads: Attention query heads. d_model need not equal n_heads * head_dim, but n_heads must divide d_model
             when head_dim is left empty.
         n_kv_heads: Attention key/value heads (GQA); empty = n_heads. Must divide n_heads.
@@ -75,6 +77,14 @@ class ModelConfig:
         deltanet_conv: Kernel size of Gated DeltaNet's short causal convolutions on q, k and v (depthwise, SiLU);
             0 = none. Its authors use 4 and call them crucial; the SD baseline configs use 4.
         chunk_size: Chunk length of the chunkwise mLSTM and Gated DeltaNet forms.
+        lolcats_window: Block length of the LoLCATs (L) layer's terraced softmax window: a query in block t // W sees
+            its own block up to itself and the previous block with softmax (W + 1 .. 2 W keys), every earlier key
+            through its linear attention (LoLCATs: 64).
+        lolcats_feature_dim: Hedgehog feature dimension F of the L layer's q and k maps, per head (2 F features:
+            softmax of x W and of -x W; LoLCATs: 64).
+        lolcats_feature_init: Initialisation of the L layer's feature-map matrices [head_dim, F]: identity (every
+            command in LoLCATs' README passes --lk_zero_init, which with no skip connection sets each head's matrix
+            to the identity: the published runs) or kaiming (kaiming_uniform_, their config files' default).
         norm_eps: Epsilon of every norm.
         logit_soft_cap: Output logits are capped as cap * tanh(x / cap); 0 disables (xLSTM-7B: 30).
         tie_embeddings: Share the input embedding and the LM head weights.
@@ -114,6 +124,9 @@ class ModelConfig:
     deltanet_v_factor: float = 1.0
     deltanet_conv: int = 0
     chunk_size: int = 64
+    lolcats_window: int = 64
+    lolcats_feature_dim: int = 64
+    lolcats_feature_init: str = "identity"
     norm_eps: float = 1e-6
     logit_soft_cap: float = 30.0
     tie_embeddings: bool = False
@@ -125,7 +138,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         self.fgate_bias_init = tuple(self.fgate_bias_init)
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "window", "mlstm_heads", "deltanet_heads",
-                     "chunk_size"):
+                     "chunk_size", "lolcats_window", "lolcats_feature_dim"):
             require(getattr(self, name) >= 1, f"ModelConfig.{name}", "must be >= 1", getattr(self, name))
         require(self.n_sink >= 0, "ModelConfig.n_sink", "must be >= 0", self.n_sink)
         require(self.deltanet_conv >= 0, "ModelConfig.deltanet_conv", "must be >= 0 (0 = no short convolutions)",
@@ -156,6 +169,8 @@ class ModelConfig:
         require(self.ffn_dim is None or self.ffn_dim >= 1, "ModelConfig.ffn_dim", "must be >= 1 or empty", self.ffn_dim)
         require(self.mlstm_norm in ("layernorm", "rmsnorm"), "ModelConfig.mlstm_norm", "must be layernorm or rmsnorm",
                 self.mlstm_norm)
+        require(self.lolcats_feature_init in LOLCATS_FEATURE_INITS, "ModelConfig.lolcats_feature_init",
+                f"must be one of {LOLCATS_FEATURE_INITS}", self.lolcats_feature_init)
         require(len(self.fgate_bias_init) == 2, "ModelConfig.fgate_bias_init", "must be a pair (low, high)",
                 self.fgate_bias_init)
         require(self.max_positions is None or self.max_positions >= 1, "ModelConfig.max_positions",

@@ -105,6 +105,22 @@ def deltanet_flops(cfg, seq_len: int, window: int) -> int:
     return chunkwise_recurrence_flops(cfg.deltanet_heads, cfg.deltanet_qk_factor, cfg.deltanet_v_factor, cfg, seq_len)
 
 
+def terraced_pairs(T: int, window: int) -> int:
+    """(query, key) softmax pairs of LoLCATs' terraced window over T tokens: query t sees t % W + 1 keys of its own
+    block and, from the second block on, the W keys of the previous one."""
+    full, rest = divmod(T, window)
+    return full * window * (window + 1) // 2 + rest * (rest + 1) // 2 + window * max(0, T - window)
+
+
+def lolcats_flops(cfg, seq_len: int, window: int) -> int:
+    """Per head: the softmax pairs (scores and weighted values, 4 D each), and per token the two feature maps
+    (2 D F each: 3-D weights, so not in the projections' 2 x params) and the linear state's update and read-out
+    (phi_k v^T and phi_q S over 2F features and D values plus the normaliser: 2 x 2 x 2F (D + 1))."""
+    D, F = cfg.attn_head_dim, cfg.lolcats_feature_dim
+    per_token = 4 * D * F + 8 * F * (D + 1)
+    return cfg.n_heads * (4 * D * terraced_pairs(seq_len, cfg.lolcats_window) + seq_len * per_token)
+
+
 register(LayerKind("S", "sliding-window attention", "swax_lightning.model.attention:Attention", "attention",
                    sliding_attention_flops, {"sliding": True}))
 register(LayerKind("A", "full causal attention", "swax_lightning.model.attention:Attention", "attention",
@@ -112,3 +128,5 @@ register(LayerKind("A", "full causal attention", "swax_lightning.model.attention
 register(LayerKind("X", "mLSTM", "swax_lightning.model.mlstm:MLSTMLayer", "mlstm", mlstm_flops))
 register(LayerKind("D", "Gated DeltaNet", "swax_lightning.model.deltanet:GatedDeltaNetLayer", "deltanet",
                    deltanet_flops))
+register(LayerKind("L", "LoLCATs linear attention + softmax window", "swax_lightning.model.lolcats:LolcatsAttention",
+                   None, lolcats_flops))

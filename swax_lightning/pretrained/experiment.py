@@ -65,8 +65,8 @@ SUITE_FIXED = ("window", "n_sink", "convert_full_attention", "window_includes_si
 
 @dataclass
 class StudentSpec:
-    """One retrofit: pattern = the layer kinds of the converted model (D = Gated DeltaNet, X = mLSTM, A = keep the
-    teacher's attention; tiled over the depth), arch = other ModelConfig fields of the students."""
+    """One retrofit: pattern = the layer kinds of the converted model (D = Gated DeltaNet, X = mLSTM, L = LoLCATs,
+    A = keep the teacher's attention; tiled over the depth), arch = other ModelConfig fields of the students."""
 
     pattern: str
     arch: dict = field(default_factory=dict)

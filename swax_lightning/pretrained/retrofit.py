@@ -1,5 +1,6 @@
 """LoLCATs-style retrofit: a pretrained full-attention model (the teacher, frozen) converted into linear attention of
-the framework's own kinds, Gated DeltaNet (D) or mLSTM (X), in two stages. The experiment around it, and its
+the framework's own kinds, Gated DeltaNet (D) or mLSTM (X), or into LoLCATs' own student (L: Hedgehog linear
+attention plus a 64-token softmax window, model/lolcats.py), in two stages. The experiment around it, and its
 command (`swax retrofit run configs/retrofit/smollm2.yaml`), is swax_lightning/pretrained/experiment.py.
 
 1. Attention transfer (LoLCATs' stage 1). The converted model is the teacher with every attention mixer replaced
@@ -11,20 +12,29 @@ command (`swax retrofit run configs/retrofit/smollm2.yaml`), is swax_lightning/p
 2. LoRA (LoLCATs' stage 2): adapters on every linear layer of every mixer (q/k/v/o and the students' gate
    projections), next-token loss on the converted model; merged into the weights afterwards (lora.py).
 
-What maps from the teacher (`init_from_attention`), and what is new. A student has one head per teacher query head,
-with the teacher's head width, so: q_proj = the teacher's q_proj; k_proj and v_proj = the teacher's, each key/value
-head repeated for the query heads that share it (GQA); out_proj = the teacher's o_proj. New (no counterpart, the
-framework's initialisation): Gated DeltaNet's beta (write strength) and decay projections, A_log and dt_bias, its
-output gate and per-head output norm; the mLSTM's input, forget and output gates and its per-head output norm. Not
-carried over: RoPE (a linear-attention state has no positions), q/k/v biases (Qwen2) and q/k norms (Qwen3), which
-the students do not have. Gated DeltaNet's short convolutions are off by default (deltanet_conv 0): they would sit
-between the copied projections and the cell and turn their outputs into something else at the start.
+What maps from the teacher (`init_from_attention`), and what is new. A D or X student has one head per teacher
+query head, with the teacher's head width, so: q_proj = the teacher's q_proj; k_proj and v_proj = the teacher's,
+each key/value head repeated for the query heads that share it (GQA); out_proj = the teacher's o_proj. New (no
+counterpart, the framework's initialisation): Gated DeltaNet's beta (write strength) and decay projections, A_log
+and dt_bias, its output gate and per-head output norm; the mLSTM's input, forget and output gates and its per-head
+output norm. Not carried over to D or X: RoPE (a linear-attention state has no positions), q/k/v biases (Qwen2) and
+q/k norms (Qwen3), which those students do not have. An L student is the teacher's attention layer plus what
+LoLCATs adds: q/k/v/o (biases included), the q/k norms, RoPE (rope_theta, rope_scale, max_positions) and the GQA
+layout (n_kv_heads, nothing repeated) are the teacher's; new are the Hedgehog feature maps of queries and keys
+(identity or kaiming, ModelConfig.lolcats_feature_init) and the window factors (sigmoid 0.1 at the start). On a
+sequence of at most two windows it sees every earlier key with softmax and nothing linearly, so there it is the
+teacher exactly, whatever its window factors. Gated DeltaNet's short convolutions are off by default
+(deltanet_conv 0): they would sit between the copied projections and the cell and turn their outputs into something
+else at the start.
 Embeddings, norms, feed-forward layers and the LM head are the teacher's, frozen in both stages.
 
 Decisions:
 - Stage 1 trains the new parameters only by default (`transfer.train: new`): LoLCATs' split, where attention
-  transfer learns what the teacher lacks (its feature maps) and LoRA then adapts q/k/v/o; `all` trains every
-  student parameter in stage 1.
+  transfer learns what the teacher lacks (its feature maps; for L exactly feature_map_q, feature_map_k and
+  window_factors, as LoLCATs' stage 1) and LoRA then adapts q/k/v/o (for L exactly those four, as LoLCATs' stage 2);
+  `all` trains every student parameter in stage 1.
+- Output-scale calibration is for the D and X students, whose per-head output norms start at scale 1; an L student
+  has no output norm and starts at the teacher's scale.
 - Token budgets are config fields (transfer.tokens, lora.tokens): whole sequences of data.seq_len tokens, batches of
   data.batch_size, drawn in a seeded order from the training split of the data module's shards (the embedded
   corpus, or any source, tokenized with the teacher's own tokenizer, plus its generated recall documents), never
@@ -53,11 +63,15 @@ from swax_lightning.core.errors import ConfigError, require
 from swax_lightning.data.loss_mask import inputs_and_targets
 from swax_lightning.model.attention import Attention
 from swax_lightning.model.config import ModelConfig
+from swax_lightning.model.lolcats import LolcatsAttention
 from swax_lightning.model.model import SWAXModel
 from swax_lightning.pretrained.lora import add_lora, merge_lora
 
 MAPPED = ("q_proj", "k_proj", "v_proj", "out_proj")  # the student projections initialised from the teacher's
-STUDENT_KINDS = {"D": "Gated DeltaNet", "X": "mLSTM", "A": "the teacher's attention, kept"}
+FROM_TEACHER = (*MAPPED, "q_norm", "k_norm")  # every student part with a teacher counterpart (norms: L students)
+STUDENT_KINDS = {"D": "Gated DeltaNet", "X": "mLSTM",
+                 "L": "LoLCATs: Hedgehog linear attention + 64-token softmax window",
+                 "A": "the teacher's attention, kept"}
 TRAIN_CHOICES = ("new", "all")
 Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets) [B, T], as loss_mask.inputs_and_targets gives them
 
@@ -116,9 +130,10 @@ class LoRAConfig:
 
 # ---- the converted model ---------------------------------------------------------------------------------------------
 def student_config(teacher: ModelConfig, pattern: str, **arch) -> ModelConfig:
-    """The converted model's ModelConfig: the teacher's, with `pattern` (D, X or A per layer, tiled) and student
-    mixers shaped like the teacher's attention (one head per query head, the teacher's head width); `arch`: other
-    ModelConfig fields (e.g. chunk_size, igate_bias_init)."""
+    """The converted model's ModelConfig: the teacher's, with `pattern` (D, X, L or A per layer, tiled) and student
+    mixers shaped like the teacher's attention (D, X: one head per query head, the teacher's head width; L: the
+    teacher's heads, key/value heads, biases, q/k norms and RoPE, all kept from the teacher's config); `arch`: other
+    ModelConfig fields (e.g. chunk_size, igate_bias_init, lolcats_window)."""
     if not pattern or set(pattern) - set(STUDENT_KINDS):
         raise ConfigError(f"student pattern {pattern!r}: letters must be from {STUDENT_KINDS}")
     if set(teacher.pattern) != {"A"}:
@@ -140,6 +155,9 @@ def _repeat_kv(weight: torch.Tensor, attention: Attention) -> torch.Tensor:
 @torch.no_grad()
 def init_from_attention(student: nn.Module, attention: Attention) -> None:
     """Copy the teacher's q/k/v/o into a student mixer (see the module docstring for what maps)."""
+    if isinstance(student, LolcatsAttention):
+        _copy_attention(student, attention)
+        return
     sources = {"q_proj": attention.q_proj.weight, "k_proj": _repeat_kv(attention.k_proj.weight, attention),
                "v_proj": _repeat_kv(attention.v_proj.weight, attention), "out_proj": attention.out_proj.weight}
     for name, weight in sources.items():
@@ -149,6 +167,14 @@ def init_from_attention(student: nn.Module, attention: Attention) -> None:
                               f"{tuple(weight.shape)}: the student must have one head per query head of the "
                               f"teacher's width (student_config)")
         target.copy_(weight)
+
+
+def _copy_attention(student: LolcatsAttention, attention: Attention) -> None:
+    """An L student takes the teacher's q/k/v/o (weights and biases) and q/k norms as they are: it has the teacher's
+    layout (student_config), key/value heads included."""
+    for name in FROM_TEACHER:
+        for key, tensor in getattr(attention, name).state_dict().items():
+            getattr(student, name).state_dict()[key].copy_(tensor)
 
 
 def converted_model(teacher: SWAXModel, pattern: str, seed: int = 0, **arch) -> SWAXModel:
@@ -191,7 +217,7 @@ def student_layers(model: SWAXModel) -> list[int]:
 def transfer_parameters(model: SWAXModel, train: str) -> list[nn.Parameter]:
     """What stage 1 trains: the students' new parameters (train "new") or all their parameters ("all")."""
     return [p for i in student_layers(model) for name, p in model.blocks[i].mixer.named_parameters()
-            if train == "all" or name.split(".")[0] not in MAPPED]
+            if train == "all" or name.split(".")[0] not in FROM_TEACHER]
 
 
 # ---- stage 1: attention transfer -------------------------------------------------------------------------------------
@@ -238,6 +264,9 @@ def calibrate_output_scale(model: SWAXModel, inputs: list, outputs: list) -> lis
     factors = []
     for i in student_layers(model):
         mixer = model.blocks[i].mixer
+        if isinstance(mixer, LolcatsAttention):  # no output norm: the teacher's own scale from the start
+            factors.append(1.0)
+            continue
         s, y = mixer(inputs[i]).float(), outputs[i].float()
         factor = float((s * y).sum() / (s * s).sum().clamp_min(1e-12))
         mixer.norm.weight.mul_(factor)
