@@ -396,3 +396,32 @@ def test_start_up_errors_after_parsing_are_one_line(tmp_path, problem):
     assert fit.returncode == 2 and expected[problem] in _one_error_line(fit.stderr), fit.stderr[-2000:]
     assert "Traceback" not in fit.stderr
     assert not (tmp_path / "data").exists()  # nothing prepared for the vocabulary case
+
+
+@pytest.mark.parametrize("field,name", [("experiment", "."), ("arm", ".."), ("experiment", "../outside"),
+                                        ("arm", "/abs/path"), ("arm", "a/b"), ("experiment", "a\\b")])
+def test_a_run_name_that_would_leave_save_dir_is_one_line_and_deletes_nothing(tmp_path, capsys, field, name):
+    """`--experiment . --arm .. --overwrite true` once deleted the folder holding runs/ (the checkout, with the
+    default save_dir): every hostile name is refused before anything is written or deleted."""
+    keep = tmp_path / "keep.txt"
+    keep.write_text("the user's file")
+    code, _, err = _in_process(capsys, "fit", *_overrides(tmp_path), f"--{field}", name, "--overwrite", "true")
+    assert code == 2 and f"{field} {name!r} must be a plain folder name" in _one_error_line(err)
+    assert keep.read_text() == "the user's file" and sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
+
+
+def test_overwrite_deletes_only_a_folder_that_holds_a_run(tmp_path, capsys):
+    folder = tmp_path / "runs" / "tiny" / "w64"
+    folder.mkdir(parents=True)
+    (folder / "notes.txt").write_text("not a run")
+    code, _, err = _in_process(capsys, "fit", *_overrides(tmp_path), "--overwrite", "true")
+    assert code == 2 and "holds files that are no run of this framework" in _one_error_line(err)
+    assert (folder / "notes.txt").read_text() == "not a run"
+
+
+def test_a_run_folder_linked_outside_save_dir_is_refused(tmp_path, capsys):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "tiny").symlink_to(tmp_path / "elsewhere")
+    code, _, err = _in_process(capsys, "fit", *_overrides(tmp_path))
+    assert code == 2 and "outside save_dir" in _one_error_line(err)

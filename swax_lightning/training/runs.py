@@ -15,10 +15,15 @@ Decisions:
 - An evaluation names its checkpoint by path, optimizer step and sha256 of the file (or of a distributed
   checkpoint's files), so a report or model card can never be attributed to another checkpoint.
 - Runs without `experiment:` are named by the logger (Lightning's version_N folders), which never reuses a folder.
+- A run folder never leaves its save_dir: `experiment` and `arm` are plain names (letters, digits, `.`, `_`, `+`,
+  `-`; not `.` or `..`), refused in one line naming the field otherwise, and the joined folder must resolve inside
+  save_dir (no link out). `--overwrite true` deletes only a folder that holds a run of this framework (its
+  config.yaml beside checkpoints/ or logger files); anything else in the way is refused, not deleted.
 """
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -30,11 +35,29 @@ from swax_lightning.core.errors import ConfigError
 
 WANDB_ID_FILE = "wandb-id"
 CKPT_KEYWORDS = ("last", "best", "hpc")  # --ckpt_path values that Lightning resolves itself
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_+\-.]+")
+RUN_MARKS = ("checkpoints", "metrics.csv")  # beside config.yaml, what a run folder of this framework holds
 
 
 def run_dir(save_dir: str | Path | None, experiment: str, arm: str | None) -> Path:
-    """<save_dir>/<experiment>/<arm> (arm "default" when not set)."""
-    return Path(save_dir or ".") / experiment / (arm or "default")
+    """<save_dir>/<experiment>/<arm> (arm "default" when not set), refused unless both are plain names and the folder
+    resolves inside save_dir."""
+    for field, name in (("experiment", experiment), ("arm", arm or "default")):
+        if not isinstance(name, str) or not PLAIN_NAME.fullmatch(name) or name in (".", ".."):
+            raise ConfigError(f"{field} {name!r} must be a plain folder name (letters, digits, '.', '_', '+', '-'; "
+                              f"not '.' or '..'): a run folder stays inside its save_dir")
+    base = Path(save_dir or ".")
+    folder = base / experiment / (arm or "default")
+    if not folder.resolve().is_relative_to(base.resolve()):
+        raise ConfigError(f"run folder {folder} resolves to {folder.resolve()}, outside save_dir {base.resolve()} "
+                          f"(a link?): choose another experiment or arm")
+    return folder
+
+
+def holds_a_run(folder: Path) -> bool:
+    """Whether `folder` holds a run of this framework: its config.yaml beside checkpoints/, or logger files."""
+    return (folder / "config.yaml").is_file() and (any((folder / mark).exists() for mark in RUN_MARKS)
+                                                   or any(folder.glob("events.out.tfevents.*")))
 
 
 def run_folder(trainer) -> Path:
@@ -70,6 +93,9 @@ def claim_for_fit(folder: Path, ckpt_path: str | None, overwrite: bool) -> None:
     when asked to (see the module docstring)."""
     if not folder.is_dir() or not any(folder.iterdir()) or resumes(folder, ckpt_path):
         return
+    if not holds_a_run(folder):
+        raise ConfigError(f"{folder} holds files that are no run of this framework (no config.yaml beside "
+                          f"checkpoints/ or logs): nothing was deleted; name this run otherwise (--arm, --experiment)")
     if not overwrite:
         raise ConfigError(f"{folder} already holds a run: resume it with --ckpt_path last, name this run otherwise "
                           f"(--arm, --experiment), or replace it with --overwrite true")
