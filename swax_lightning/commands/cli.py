@@ -138,6 +138,7 @@ class SwaxCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         if subcommand:
             check_checkpoint(self.config[subcommand], subcommand)
+            self.config[subcommand]["weights_only"] = True  # Lightning's own load of ckpt_path reads data only too
 
     def instantiate_classes(self) -> None:
         """The constructors validate their arguments: what they reject is a configuration error; so are a

@@ -48,6 +48,7 @@ import yaml
 from swax_lightning.core import atomic
 from swax_lightning.core.config_files import merged_config
 from swax_lightning.core.errors import ConfigError, require, usage_errors_reported
+from swax_lightning.core.safe_load import load_as_data
 from swax_lightning.evals import choice
 from swax_lightning.evals.reports import flat_metrics, write_reports
 from swax_lightning.evals.suite import EvalSuite
@@ -351,7 +352,7 @@ def run_transfer(cfg: ExperimentConfig, teacher, data, specs: dict) -> None:
 def run_lora(cfg: ExperimentConfig, teacher, teacher_ckpt: Path, data, name: str, spec: StudentSpec) -> None:
     folder = student_folder(cfg, name)
     model = retrofit.converted_model(teacher, spec.pattern, cfg.seed, **spec.arch)
-    model.load_state_dict(torch.load(folder / "transfer.pt", map_location=cfg.device), strict=False)
+    model.load_state_dict(load_as_data(folder / "transfer.pt", cfg.device), strict=False)
     steps = retrofit.steps_for(cfg.lora.tokens, cfg.batch_size, cfg.seq_len)
     print(f"LoRA of {name}: {steps} steps of {cfg.batch_size} x {cfg.seq_len} tokens, rank {cfg.lora.rank}",
           flush=True)

@@ -60,6 +60,7 @@ import torch.nn as nn
 
 from swax_lightning.core import atomic
 from swax_lightning.core.errors import ConfigError, require
+from swax_lightning.core.safe_load import load_as_data
 from swax_lightning.data.loss_mask import inputs_and_targets
 from swax_lightning.model.attention import Attention
 from swax_lightning.model.config import ModelConfig
@@ -379,7 +380,7 @@ def _resume(path: Path, models: dict, optimizers: dict, losses: dict) -> tuple[d
     """(losses so far, the step to start from): the saved progress loaded into models and optimizers, or nothing."""
     if not path.is_file():
         return losses, 0
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = load_as_data(path)
     for name, model in models.items():
         own = dict(model.named_parameters())
         with torch.no_grad():

@@ -37,7 +37,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from swax_lightning.core import atomic
-from swax_lightning.core.errors import ConfigError
+from swax_lightning.core.errors import ConfigError, InputError
+from swax_lightning.core.safe_load import load_as_data
 from swax_lightning.data.tokenizer import load_tokenizer
 from swax_lightning.training.runs import run_folder
 
@@ -131,7 +132,9 @@ def read_checkpoint(path: str | Path, map_location: str = "cpu") -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     try:
-        return torch.load(path, map_location=map_location, weights_only=False, mmap=True)
+        return load_as_data(path, map_location, mmap=True)
+    except InputError:
+        raise
     except Exception as err:  # noqa: BLE001 - truncated, or not a torch file: reported as such
         raise ConfigError(f"cannot read checkpoint {path}: {err}") from err
 
@@ -207,7 +210,7 @@ def consolidate(folder: str | Path, out: str | Path) -> Path:
     folder, out = Path(folder), Path(out)
     if not is_distributed_checkpoint(folder):
         raise FileNotFoundError(f"not a distributed checkpoint (a folder with meta.pt and .distcp shards): {folder}")
-    checkpoint = torch.load(folder / "meta.pt", map_location="cpu", weights_only=False)
+    checkpoint = load_as_data(folder / "meta.pt")
     shards: dict = {}
     try:  # read every shard into full tensors, without a process group
         _load_state_dict(shards, storage_reader=FileSystemReader(folder), planner=_EmptyStateDictLoadPlanner(),

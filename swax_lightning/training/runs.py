@@ -28,10 +28,10 @@ import shutil
 import uuid
 from pathlib import Path
 
-import torch
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from swax_lightning.core.errors import ConfigError
+from swax_lightning.core.safe_load import load_as_data
 
 WANDB_ID_FILE = "wandb-id"
 CKPT_KEYWORDS = ("last", "best", "hpc")  # --ckpt_path values that Lightning resolves itself
@@ -119,7 +119,7 @@ def checkpoint_identity(ckpt_path: str | Path | None) -> dict | None:
     if ckpt_path is None or not Path(ckpt_path).exists():
         return None
     path = Path(ckpt_path)
-    saved = torch.load(path / "meta.pt" if path.is_dir() else path, map_location="cpu", mmap=True, weights_only=False)
+    saved = load_as_data(path / "meta.pt" if path.is_dir() else path, mmap=True)
     return {"path": str(path), "step": saved.get("global_step"), "sha256": content_hash(path)}
 
 
