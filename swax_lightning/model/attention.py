@@ -38,15 +38,7 @@ class Attention(nn.Module):
         self.window: int | None = cfg.window if sliding else None
         self.n_sink = cfg.n_sink if sliding else 0
         self.kernel = cfg.kernels["attention"]
-        self.q_proj = nn.Linear(cfg.d_model, self.n_heads * self.head_dim, bias=cfg.qkv_bias)
-        self.k_proj = nn.Linear(cfg.d_model, self.n_kv_heads * self.head_dim, bias=cfg.qkv_bias)
-        self.v_proj = nn.Linear(cfg.d_model, self.n_kv_heads * self.head_dim, bias=cfg.qkv_bias)
-        self.out_proj = nn.Linear(self.n_heads * self.head_dim, cfg.d_model, bias=False)
-        if cfg.qk_norm:
-            self.q_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps)
-            self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps)
-        else:
-            self.q_norm = self.k_norm = nn.Identity()
+        add_projections(self, cfg)
 
     def new_cache(self, batch: int, dtype: torch.dtype, device) -> WindowKVCache | FullKVCache:
         if self.sliding:
@@ -73,3 +65,17 @@ class Attention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"window={self.window}, n_sink={self.n_sink}, heads={self.n_heads}/{self.n_kv_heads}"
+
+
+def add_projections(layer: nn.Module, cfg: ModelConfig) -> None:
+    """An attention layer's q/k/v/o (GQA: n_kv_heads key/value heads) and optional per-head q/k RMSNorms, as the
+    teacher's attention has them: Attention and the LoLCATs student (lolcats.py) share these names and shapes."""
+    layer.q_proj = nn.Linear(cfg.d_model, layer.n_heads * layer.head_dim, bias=cfg.qkv_bias)
+    layer.k_proj = nn.Linear(cfg.d_model, layer.n_kv_heads * layer.head_dim, bias=cfg.qkv_bias)
+    layer.v_proj = nn.Linear(cfg.d_model, layer.n_kv_heads * layer.head_dim, bias=cfg.qkv_bias)
+    layer.out_proj = nn.Linear(layer.n_heads * layer.head_dim, cfg.d_model, bias=False)
+    if cfg.qk_norm:
+        layer.q_norm = nn.RMSNorm(layer.head_dim, eps=cfg.norm_eps)
+        layer.k_norm = nn.RMSNorm(layer.head_dim, eps=cfg.norm_eps)
+    else:
+        layer.q_norm = layer.k_norm = nn.Identity()

@@ -46,6 +46,7 @@ import torch.nn as nn
 from swax_lightning.kernels import LinearState, lolcats_chunked, lolcats_one_block
 from swax_lightning.kernels.lolcats.chunk import zero_state
 from swax_lightning.kernels.lolcats.naive import repeat_kv
+from swax_lightning.model.attention import add_projections
 from swax_lightning.model.building_blocks import rope_rotate
 from swax_lightning.model.config import ModelConfig
 
@@ -140,15 +141,7 @@ class LolcatsAttention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.attn_head_dim
         self.rope_theta, self.rope_scale, self.max_positions = cfg.rope_theta, cfg.rope_scale, cfg.max_positions
         self.window, self.feature_init = cfg.lolcats_window, cfg.lolcats_feature_init
-        self.q_proj = nn.Linear(cfg.d_model, self.n_heads * self.head_dim, bias=cfg.qkv_bias)
-        self.k_proj = nn.Linear(cfg.d_model, self.n_kv_heads * self.head_dim, bias=cfg.qkv_bias)
-        self.v_proj = nn.Linear(cfg.d_model, self.n_kv_heads * self.head_dim, bias=cfg.qkv_bias)
-        self.out_proj = nn.Linear(self.n_heads * self.head_dim, cfg.d_model, bias=False)
-        if cfg.qk_norm:
-            self.q_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps)
-            self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps)
-        else:
-            self.q_norm = self.k_norm = nn.Identity()
+        add_projections(self, cfg)
         self.feature_map_q = HedgehogFeatureMap(self.n_heads, self.head_dim, cfg.lolcats_feature_dim)
         self.feature_map_k = HedgehogFeatureMap(self.n_heads, self.head_dim, cfg.lolcats_feature_dim)
         self.window_factors = nn.Parameter(torch.empty(1, self.n_heads, 1, 1))
