@@ -145,7 +145,7 @@ def test_a_replaced_tokenizer_file_is_refused_by_test_generate_export_and_resume
         (tmp_path / "src" / f"doc{i}.py").write_text(f"def f{i}(x):\n    return x * {i} + {i * i}\n" * 30)
     tokenizer = _bpe("def return x * + 1 2 3 4 5 6 7 8 9 0\n" * 10, tmp_path / "tokenizer.json")
     common = ["--config", str(ROOT / "configs/tiny.yaml"), "--data.source", str(tmp_path / "src"),
-              "--data.tokenizer", str(tokenizer), "--data.data_dir", str(tmp_path / "data"), "--data.seq_len", "32",
+              "--data.tokenizer", str(tokenizer), "--data.data_dir", str(tmp_path / "data"), "--data.seq_len", "64",
               "--data.batch_size", "2", "--data.val_fraction", "0.1", "--data.test_fraction", "0.1",
               "--model.arch.vocab_size", "320",
               "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), "--trainer.enable_progress_bar", "false"]

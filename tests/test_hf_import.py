@@ -214,7 +214,7 @@ def test_main_test_and_export_run_on_the_import(by_command, tmp_path):
     assert (settings["window"], settings["sinks"], settings["window_includes_sinks"]) == (8, 4, True)
     assert settings["window_override"] == 12 and "sinks among them" in settings["window_convention"]
     exported = tmp_path / "export"
-    result = subprocess.run([str(Path(sys.executable).parent / "swax export"), "--ckpt_path",
+    result = subprocess.run([str(Path(sys.executable).parent / "swax"), "export", "--ckpt_path",
                              str(out / "checkpoints" / "last.ckpt"), "--out", str(exported)],
                             cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

@@ -102,8 +102,9 @@ def test_compare_flags_a_cell_where_one_sweeps_mean_leaves_the_others_seed_range
 
 @pytest.mark.slow
 def test_the_gpu_study_configs_train_a_step_and_evaluate_on_cpu_at_toy_size(tmp_path):
-    # configs/study_gpu at a toy size on CPU: a BPE trained by `swax tokenizer` on a small source, every
-    # arm's config parses (print_config), and one arm fits a step and runs its evaluations through the study command.
+    # configs/study_gpu at a toy size on CPU (seq_len 512: the long window, 512, fits the training length): a BPE
+    # trained by `swax tokenizer` on a small source, every arm's config parses (print_config), and one arm fits a step
+    # and runs its evaluations through the study command.
     source = tmp_path / "text"
     source.mkdir()
     for i in range(30):
@@ -115,14 +116,14 @@ def test_the_gpu_study_configs_train_a_step_and_evaluate_on_cpu_at_toy_size(tmp_
            "--trainer.val_check_interval", "1", "--trainer.limit_val_batches", "1", "--model.arch.d_model", "64",
            "--model.arch.n_layers", "2", "--model.arch.n_heads", "2", "--model.arch.mlstm_heads", "2",
            "--data.source", str(source), "--data.tokenizer", str(tokenizer), "--data.data_dir", str(tmp_path / "data"),
-           "--data.seq_len", "256", "--data.batch_size", "2", "--data.num_workers", "0", "--data.recall.documents",
+           "--data.seq_len", "512", "--data.batch_size", "2", "--data.num_workers", "0", "--data.recall.documents",
            "4", "--data.recall.doc_chars", "2000", "--data.recall.near_limit", "200", "--data.recall.max_distance",
            "600", "--eval.niah.lengths", "[1024]", "--eval.recall.edges", "[100, 200, 400]", "--eval.recall.samples",
-           "2", "--eval.chunk_len", "256"]
+           "2", "--eval.chunk_len", "512"]
     for arm in sorted((ROOT / "configs/study_gpu").glob("[!_]*.yaml")):
         printed = subprocess.run([sys.executable, "main.py", "fit", "--config", str(arm), *toy, "--print_config"],
                                  cwd=ROOT, capture_output=True, text=True, timeout=120)
-        assert printed.returncode == 0 and "seq_len: 256" in printed.stdout, printed.stderr[-2000:]
+        assert printed.returncode == 0 and "seq_len: 512" in printed.stdout, printed.stderr[-2000:]
     study = tmp_path / "study_gpu"
     study.mkdir()
     for name in ("_base.yaml", "stochastic_p0.5.yaml"):

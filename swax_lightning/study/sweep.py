@@ -44,7 +44,7 @@ from pathlib import Path
 from swax_lightning.core.environment import ENVIRONMENT_FILE
 from swax_lightning.training.runs import run_dir
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def arm_files(folder: Path) -> list[Path]:
