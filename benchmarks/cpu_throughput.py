@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from swax_lightning.kernels import sliding_window_attention  # noqa: E402
-from swax_lightning.model.building_blocks import SwiGLU, rope_rotate  # noqa: E402
+from swax_lightning.model.building_blocks import GatedFFN, rope_rotate  # noqa: E402
 from swax_lightning.model.config import ModelConfig  # noqa: E402
 from swax_lightning.model.model import SWAXModel  # noqa: E402
 
@@ -60,7 +60,7 @@ class PlainTransformer(nn.Module):
         d = cfg.d_model
         self.embed = nn.Embedding(cfg.vocab_size, d)
         self.layers = nn.ModuleList(nn.ModuleList([nn.RMSNorm(d), PlainAttention(d, cfg.n_heads), nn.RMSNorm(d),
-                                                   SwiGLU(d, cfg.ffn_width)]) for _ in range(cfg.n_layers))
+                                                   GatedFFN(d, cfg.ffn_width)]) for _ in range(cfg.n_layers))
         self.norm = nn.RMSNorm(d)
         self.head = nn.Linear(d, cfg.vocab_size, bias=False)
 

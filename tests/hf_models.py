@@ -22,6 +22,11 @@ FAMILIES = {  # name: (transformers config class, its settings); every supported
     "mistral_full_tied": ("MistralConfig", dict(sliding_window=None, tie_word_embeddings=True)),
     "qwen2_biases": ("Qwen2Config", dict()),
     "qwen3_qk_norm_tied": ("Qwen3Config", dict(head_dim=24, tie_word_embeddings=True)),
+    # a local (sliding, 16 keys, its own RoPE base) then a global layer, GeGLU, post-norms, scaled embeddings
+    "gemma3_local_global": ("Gemma3TextConfig", dict(
+        head_dim=16, query_pre_attn_scalar=16, sliding_window=16, layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"full_attention": dict(rope_type="default", rope_theta=1e6),
+                         "sliding_attention": dict(rope_type="default", rope_theta=1e4)})),
 }
 
 
@@ -58,5 +63,5 @@ def make_pretrained(folder: Path, family: str, seed: int = 0, **changes):
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     randomize(model, seed)
     model.save_pretrained(folder)
-    write_tokenizer(folder, bos=class_name in ("LlamaConfig", "MistralConfig"))
+    write_tokenizer(folder, bos=class_name in ("LlamaConfig", "MistralConfig", "Gemma3TextConfig"))
     return model.eval()

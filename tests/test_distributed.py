@@ -78,8 +78,11 @@ def _args(tmp, data_dir, record_dir, *extra):
 
 
 def _start(cmd, **popen):
-    """cmd in a process group of its own, so that every rank of a hung run can be killed."""
-    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    """cmd in a process group of its own, so that every rank of a hung run can be killed. One CPU thread per process
+    for every launch: torchrun sets OMP_NUM_THREADS=1 and Lightning's own launcher does not, and matrix products
+    split over another number of threads sum in another order (seen: the same step's weights differing in the last
+    bits between a torchrun run and a Lightning-launched one), which the exact comparisons here would report."""
+    env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(cmd, cwd=ROOT, env=env, text=True, start_new_session=True, **popen)
 
 

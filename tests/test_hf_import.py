@@ -19,6 +19,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -76,6 +77,10 @@ def test_the_imported_config_says_what_the_family_has(imported):
     assert cfg["qwen2_biases"].qkv_bias and not cfg["qwen2_biases"].qk_norm
     assert cfg["qwen3_qk_norm_tied"].qk_norm and cfg["qwen3_qk_norm_tied"].attn_head_dim == 24
     assert all(c.logit_soft_cap == 0 for c in cfg.values())
+    gemma = cfg["gemma3_local_global"]
+    assert (gemma.pattern, gemma.window, gemma.rope_theta, gemma.sliding_rope_theta) == ("SA", 16, 1e6, 1e4)
+    assert gemma.post_norms and gemma.ffn_activation == "gelu_tanh" and gemma.embed_scale == 8.0 and gemma.qk_norm
+    assert not any(c.post_norms or c.sliding_rope_theta for name, c in cfg.items() if name != "gemma3_local_global")
 
 
 @pytest.mark.parametrize("family", ["llama_llama3_tied", "qwen2_biases"])
@@ -151,6 +156,43 @@ def test_window_conventions_see_the_same_keys_once_the_sinks_left_the_window(imp
         counted_with_sinks = model(ids)
         override_attention(model, 8, 4, convert_full_attention=True)
         assert torch.equal(model(ids), counted_with_sinks)
+
+
+def test_gemma3_local_layers_keep_their_window_when_the_global_ones_are_converted(imported):
+    """The comparison with transformers sees the local window (one key more or less changes the logits); the
+    training-free conversion masks the global layer only, and decoding through the bounded caches equals the
+    whole-sequence forward of the converted model."""
+    hf, ckpt, _ = imported["gemma3_local_global"]
+    model, _ = load_model(ckpt)
+    ids = random_ids()
+    with torch.no_grad():
+        expected = hf(ids).logits
+        for window in (15, 17):
+            model.set_window(window)
+            assert (model(ids) - expected).abs().max() > 1e-3
+        model.set_window(16)
+        assert (model(ids) - expected).abs().max() <= 1e-4
+        override_attention(model, 12, 4, convert_full_attention=True)
+        assert model.attention_windows() == {"16+0": 1, "12+4": 1}
+        whole = model(ids)
+        streamed, caches = stream(model, ids, prompt_len=20, chunk_len=7)
+    torch.testing.assert_close(streamed, whole, atol=1e-4, rtol=0)
+    assert [cache.k.shape[1] for cache in caches] == [16, 12]
+    assert (whole - expected).abs().max() > 1e-3  # the global layer was masked
+
+
+@pytest.mark.parametrize("field, value", [("query_pre_attn_scalar", 32), ("attn_logit_softcapping", 50.0),
+                                          ("hidden_activation", "gelu")])
+def test_an_unsupported_gemma3_field_is_refused_naming_it(field, value):
+    _, settings = FAMILIES["gemma3_local_global"]
+    config = transformers.Gemma3TextConfig(**{**SIZES, **settings, field: value})
+    with pytest.raises(hf_import.ConfigError, match=f"{field}={value!r} is not supported"):
+        hf_import.model_config(config)
+
+
+def test_multimodal_gemma3_is_refused_pointing_to_the_text_model():
+    with pytest.raises(hf_import.ConfigError, match="import a text model"):
+        hf_import.model_config(SimpleNamespace(model_type="gemma3"))
 
 
 # ---- the commands, as typed ----------------------------------------------------------------------------------------
@@ -309,16 +351,21 @@ def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused(tmp_path):
 
 
 # ---- the real SmolLM2-135M-Instruct GGUF ---------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def smollm2(tmp_path_factory):
-    """(transformers' model, imported model, tokenizer, checkpoint) of the packaged GGUF, de-quantized once."""
-    for package in (*hf_import.GGUF_PACKAGES, hf_import.SMOLLM2_PACKAGE):
-        if importlib.util.find_spec(package) is None:
-            pytest.skip(f"needs the {package} package: bash setup.sh pretrained")
-    hf, hf_tokenizer = hf_import.load_pretrained(hf_import.SMOLLM2)
-    ckpt = hf_import.write_import(hf, hf_tokenizer, tmp_path_factory.mktemp("smollm2") / "smollm2")
+def import_packaged(tmp_path_factory, source: str, package: str) -> tuple:
+    """(transformers' model, imported model, tokenizer, checkpoint) of a packaged GGUF (source alias), de-quantized
+    once; skipped, saying what to install, without the packages."""
+    for needed in (*hf_import.GGUF_PACKAGES, package):
+        if importlib.util.find_spec(needed) is None:
+            pytest.skip(f"needs the {needed} package: bash setup.sh pretrained")
+    hf, hf_tokenizer = hf_import.load_pretrained(source)
+    ckpt = hf_import.write_import(hf, hf_tokenizer, tmp_path_factory.mktemp(source) / source)
     model, tokenizer = load_model(ckpt)
     return hf, model, tokenizer, ckpt
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory):
+    return import_packaged(tmp_path_factory, hf_import.SMOLLM2, hf_import.SMOLLM2_PACKAGE)
 
 
 def haystack_ids(tokenizer, n: int = 300) -> torch.Tensor:

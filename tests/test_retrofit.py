@@ -121,13 +121,40 @@ def test_students_start_from_the_teachers_projections(teacher, pattern):
         assert converted(ids()).shape == (1, T, model.cfg.vocab_size)
 
 
-def test_a_teacher_that_is_not_full_attention_or_a_wrong_letter_is_refused(teacher):
+def test_a_teacher_that_is_not_attention_or_a_wrong_letter_is_refused(teacher):
     model, _ = teacher
     with pytest.raises(retrofit.ConfigError, match="letters must be from"):
+        retrofit.converted_model(model, "DQ")
+    with pytest.raises(retrofit.ConfigError, match="keeps layer 1 as S, but the teacher's layer 1 is A"):
         retrofit.converted_model(model, "DS")
     converted = retrofit.converted_model(model, "D")
-    with pytest.raises(retrofit.ConfigError, match="must be a full-attention model"):
+    with pytest.raises(retrofit.ConfigError, match="must be an attention model"):
         retrofit.converted_model(converted, "D")
+
+
+@pytest.fixture(scope="module")
+def gemma_teacher(tmp_path_factory):
+    """A random Gemma 3 (a local layer of 16 keys with its own RoPE base, then a global layer) imported."""
+    root = tmp_path_factory.mktemp("gemma_teacher")
+    make_pretrained(root / "gemma", "gemma3_local_global", seed=3)
+    return load_model(hf_import.import_pretrained(root / "gemma", root / "import"))[0]
+
+
+def test_a_gemma_student_converts_the_global_layer_and_keeps_the_local_one(gemma_teacher):
+    """SL: the local layer kept, the global one a LoLCATs student, which on a sequence of at most two of its windows
+    sees every key with softmax: the converted model is then the teacher exactly. An L student in place of the local
+    layer (it would rotate with the global RoPE base) or a kept letter of the wrong kind is refused."""
+    model = gemma_teacher
+    converted = retrofit.converted_model(model, "SL", seed=0)
+    assert [block.kind for block in converted.blocks] == ["S", "L"] and retrofit.student_layers(converted) == [1]
+    with torch.no_grad():
+        torch.testing.assert_close(converted(ids(length=48)), model(ids(length=48)), atol=1e-5, rtol=0)
+        assert not torch.allclose(retrofit.converted_model(model, "SD", seed=0)(ids(length=48)), model(ids(length=48)),
+                                  atol=1e-2)  # a D student is not the teacher: the comparison above can fail
+    with pytest.raises(retrofit.ConfigError, match="local layer 0 an L layer"):
+        retrofit.converted_model(model, "LA")
+    with pytest.raises(retrofit.ConfigError, match="keeps layer 0 as A"):
+        retrofit.converted_model(model, "AL")
 
 
 # ---- stage 1: attention transfer ------------------------------------------------------------------------------------
@@ -348,7 +375,7 @@ def test_a_window_beyond_the_teachers_positions_is_refused_before_any_training(t
     check_variants(read_config(experiment_config(tmp_path, "unused")), teacher_ckpt, None)  # windows 16, 1024: fine
 
 
-@pytest.mark.parametrize("name", ["smollm2.yaml", "smollm2_large.yaml"])
+@pytest.mark.parametrize("name", ["smollm2.yaml", "smollm2_large.yaml", "gemma3.yaml"])
 def test_the_shipped_experiment_configs_read_and_put_needles_inside_and_beyond_the_windows(name):
     # The configs as shipped pass every check of read_config (the suite's own included), and their NIAH grid has
     # a depth whose needle ends the haystack (inside every window) and one at its start (beyond them): the
@@ -378,6 +405,29 @@ def test_the_experiment_command_on_the_real_smollm2(tmp_path):
     assert summary["variants"]["full"]["niah_all"]["mean"] == 100.0  # SmolLM2 finds a needle 128 tokens back
     cache = {name: v["longest_niah"]["cache_bytes"] for name, v in summary["variants"].items()}
     assert cache["swa64-sink4"] < cache["full"]  # the window's ring and sinks against every key of the prompt
+
+
+@pytest.mark.slow
+def test_the_experiment_command_on_the_real_gemma3_with_lolcats_in_its_global_layers(tmp_path):
+    """Gemma 3 270M (the packaged GGUF), LoLCATs' student in its 3 global layers (SSSSSL): a few steps, the smallest
+    grid; the SWA variant masks the same 3 layers."""
+    for package in (*hf_import.GGUF_PACKAGES, hf_import.GEMMA3_PACKAGE):
+        if importlib.util.find_spec(package) is None:
+            pytest.skip(f"needs the {package} package: bash setup.sh pretrained")
+    config = experiment_config(
+        tmp_path, "gemma3", students={"lolcats": {"pattern": "SSSSSL"}}, transfer={"tokens": 2 * 2 * T},
+        lora={"tokens": 2 * T}, evaluate={"windows": [64], "sinks": [4], "choice_items": 1, "suite": {
+            "niah": {"tasks": ["niah_single_2"], "lengths": [768], "depths": [1.0], "samples": 1,
+                     "max_new_tokens": 12}}})
+    result = run_experiment(config)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert set(summary["variants"]) == {"full", "swa64-sink4", "retrofit-lolcats"}
+    print({name: v["niah_all"]["mean"] for name, v in summary["variants"].items()})
+    settings = json.loads((tmp_path / "run/variants/swa64-sink4/results.json").read_text())["settings"]
+    assert settings["attention_windows"] == {"512+0": 15, "64+4": 3}
+    student = json.loads((tmp_path / "run/students/lolcats/transfer.json").read_text())
+    assert student["pattern"] == "SSSSSL"
 
 
 def test_the_paper_ratio_is_none_and_says_why_when_no_retrofit_scored():

@@ -5,12 +5,12 @@
     python -m swax_lightning generate --ckpt_path last.ckpt --prompts_file prompts.txt   # one prompt per line
 
 The model config and the tokenizer come from the checkpoint (a single-file checkpoint; make one of a distributed
-checkpoint with `python -m swax_lightning consolidate <folder>`). `--window` and `--n_sink`
-override the sliding-window layers' window and sink count at inference; with `--convert_full_attention` the
-full-attention layers become SWA(window, n_sink) too (paper 2's training-free SWA with sinks, e.g. on a model
-imported with swax import). `--window` counts the recent keys, the sinks come on top; with
-`--window_includes_sinks true` it counts every key a query sees, the sinks among them. A window larger than a
-pretrained model's positions is refused.
+checkpoint with `python -m swax_lightning consolidate <folder>`). `--window` and `--n_sink` override the
+sliding-window layers' window and sink count at inference; with `--convert_full_attention` they apply to the
+full-attention layers instead, which become SWA(window, n_sink) (paper 2's training-free SWA with sinks, e.g. on a
+model imported with swax import; a Gemma 3's own local layers keep their 512-key window). `--window` counts the
+recent keys, the sinks come on top; with `--window_includes_sinks true` it counts every key a query sees, the sinks
+among them. A window larger than a pretrained model's positions is refused.
 
 `--prompt` may be repeated, and each value is taken exactly as typed: the command line pulls the prompts out before
 jsonargparse parses the rest (it would read `--prompt X` as a list to parse, and a prompt such as "[1, 2]" as YAML).
@@ -45,8 +45,9 @@ def generate_texts(ckpt_path: str, prompt: list[str] | None = None, prompts_file
         top_p: Nucleus sampling mass (1 = all).
         window: Override the sliding-window size at inference.
         n_sink: Override the number of sink tokens at inference.
-        convert_full_attention: Also run the full-attention (A) layers as SWA(window, n_sink): the training-free
-            conversion of arXiv 2608.28444 (needs --window; --n_sink defaults to 4).
+        convert_full_attention: Run the full-attention (A) layers as SWA(window, n_sink) instead: the training-free
+            conversion of arXiv 2608.28444 (needs --window; --n_sink defaults to 4); the model's own sliding layers
+            keep their trained window and sinks.
         window_includes_sinks: --window counts every key a query sees, the sinks among them (default: the recent
             keys, current token included, with the sinks on top).
         chunk_len: Prefill chunk length (memory per chunk, not per context).

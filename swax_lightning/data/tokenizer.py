@@ -12,7 +12,8 @@ Decisions:
   prompt reaches a pretrained model as it was trained, with no BOS setting to keep beside the file.
 - `eos_id` is the end-of-text id that separates documents in shards: the first of END_OF_TEXT the vocabulary has.
   `stop_ids` is every id generation stops at: those of END_OF_TEXT and END_OF_TURN the vocabulary has (an instruct
-  model ends its answer with <|im_end|> or <|eot_id|>, a base model with end-of-text).
+  model ends its answer with <|im_end|> or <|eot_id|>, a base model with end-of-text). Both count only the tokens
+  the vocabulary marks special when it marks any of them (a Gemma vocabulary has "</s>" as plain text).
 - `fingerprint` identifies the vocabulary itself, not the path it was read from ("byte", or the sha256 of the
   tokenizer.json): shards record it, so a different tokenizer than the shards were made with is refused even when
   the file was moved or replaced in place.
@@ -69,7 +70,12 @@ class HFTokenizer:
         self.bos_ids = self._template_prefix()
 
     def _ids_of(self, tokens) -> list[int]:
-        return [self._tok.token_to_id(t) for t in tokens if t and self._tok.token_to_id(t) is not None]
+        """The ids of `tokens` that the vocabulary marks special; if it marks none of them, those it has at all. A
+        big vocabulary may hold another model's marker as plain text (Gemma 3's has "</s>" beside its
+        special <eos>), which must not end a document or a generation."""
+        found = [self._tok.token_to_id(t) for t in tokens if t and self._tok.token_to_id(t) is not None]
+        special = {i for i, added in self._tok.get_added_tokens_decoder().items() if added.special}
+        return [i for i in found if i in special] or found
 
     def _template_prefix(self) -> tuple[int, ...]:
         """The ids the tokenizer's template (its post-processor) puts before a single text: its BOS, if any."""

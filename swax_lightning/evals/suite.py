@@ -63,7 +63,9 @@ class EvalSuite(Callback):
         window: Evaluation window override for the sliding-window layers (empty = the window callback's), in the
             convention window_includes_sinks says.
         n_sink: Sink-token override for the sliding-window layers.
-        convert_full_attention: Also run full-attention layers as SWA(window, n_sink) (training-free conversion).
+        convert_full_attention: Run the full-attention layers as SWA(window, n_sink) (training-free conversion); the
+            model's own sliding layers then keep their trained window and sinks (results.json records every
+            layer's as attention_windows).
         window_includes_sinks: `window` counts every key a query sees, the n_sink sinks among them; false (the
             framework's convention): `window` recent keys, current token included, plus the sinks. Recorded in
             results.json with the recent-key window it gives.
@@ -161,7 +163,8 @@ class EvalSuite(Callback):
                       f"--niah_max_new_tokens {niah.settings.max_new_tokens if niah else 128} "
                       f"--babilong_max_new_tokens {BABILONG_NEW_TOKENS}"
                       + (f" --essay_file {self.essay_file}" if self.essay_file else "") + " <sample's regenerate>")
-        return {"window": model.window, "pattern": model.cfg.pattern, "seed": self.seed,
+        return {"window": model.window, "attention_windows": model.attention_windows(), "pattern": model.cfg.pattern,
+                "seed": self.seed,
                 **{evaluation.name: evaluation.record() for evaluation in self.evaluations},
                 "convert_full_attention": self.convert_full_attention, "n_sink": self.n_sink,
                 "window_override": self.window, "window_includes_sinks": self.window_includes_sinks,

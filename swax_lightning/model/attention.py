@@ -10,8 +10,10 @@ Decisions:
   full-attention model masked to a window with sinks (training-free SWA) therefore keeps the positions it was
   trained with: the model is the same, only the mask changes.
 - Pretrained imports (swax_lightning/pretrained/hf_import.py) may add q/k/v biases (qkv_bias, Qwen2), a per-head
-  RMSNorm of queries and keys before RoPE (qk_norm, Qwen3: one weight of head_dim shared by the heads, as in
-  transformers) and RoPE frequency scaling (rope_scale); the attention arithmetic is unchanged.
+  RMSNorm of queries and keys before RoPE (qk_norm, Qwen3 and Gemma 3: one weight of head_dim shared by the heads,
+  as in transformers), RoPE frequency scaling (rope_scale) and another RoPE base for the sliding layers
+  (sliding_rope_theta, Gemma 3); the attention arithmetic is unchanged. The RoPE of a layer is fixed when it is
+  built, so a full-attention layer converted to SWA (training-free) keeps the rotation it was trained with.
 - GQA: n_kv_heads key/value heads shared by groups of query heads.
 - The attention itself is `kernels.sliding_window_attention`, with the backend the config's `kernels.attention`
   names (auto: SDPA for full attention, the blocked O(T * W) PyTorch path on CPU, flash-attn or Triton on GPU).
@@ -34,6 +36,8 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.attn_head_dim
         self.rope_theta, self.rope_scale, self.max_positions = cfg.rope_theta, cfg.rope_scale, cfg.max_positions
+        if sliding and cfg.sliding_rope_theta is not None:  # Gemma 3's local layers: their own base, no scaling
+            self.rope_theta, self.rope_scale = cfg.sliding_rope_theta, None
         self.sliding = sliding
         self.window: int | None = cfg.window if sliding else None
         self.n_sink = cfg.n_sink if sliding else 0

@@ -1,4 +1,4 @@
-"""Building blocks shared by every layer kind: rotary embeddings, the per-head norm, the SwiGLU feed-forward, the
+"""Building blocks shared by every layer kind: rotary embeddings, the per-head norm, the gated feed-forward, the
 short causal convolution.
 
 Decisions:
@@ -94,17 +94,22 @@ class MultiHeadLayerNorm(nn.Module):
         return y * self.weight.view(self.heads, self.head_dim).to(x.dtype)
 
 
-class SwiGLU(nn.Module):
-    """Feed-forward: down(silu(gate(x)) * up(x)), no biases."""
+GATE_ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
-    def __init__(self, d_model: int, hidden: int):
+
+class GatedFFN(nn.Module):
+    """Feed-forward: down(act(gate(x)) * up(x)), no biases; act silu = SwiGLU (ModelConfig.ffn_activation), gelu_tanh
+    = GeGLU with tanh-approximated GELU (Gemma)."""
+
+    def __init__(self, d_model: int, hidden: int, activation: str = "silu"):
         super().__init__()
+        self.activation = GATE_ACTIVATIONS[activation]
         self.gate = nn.Linear(d_model, hidden, bias=False)
         self.up = nn.Linear(d_model, hidden, bias=False)
         self.down = nn.Linear(hidden, d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.silu(self.gate(x)) * self.up(x))
+        return self.down(self.activation(self.gate(x)) * self.up(x))
 
 
 class ShortConv(nn.Module):

@@ -11,8 +11,9 @@ Decisions:
   evaluation window. The training-time window is changed per step with `SWAXModel.set_window`, not here.
 - Errors name the field and the allowed range, so a wrong YAML value is found at once.
 - Fields that only pretrained imports use (swax_lightning/pretrained/hf_import.py: qkv_bias, qk_norm, rope_scale,
-  max_positions) default to what every model trained here has (none, plain RoPE, no position limit), so they change
-  no existing model or checkpoint.
+  max_positions, sliding_rope_theta, post_norms, ffn_activation, embed_scale) default to what every model trained
+  here has (none, plain RoPE, no position limit, SwiGLU, unscaled embeddings), so they change no existing model or
+  checkpoint.
 - Plain Python (dataclasses, no Lightning or jsonargparse): an exported model imports it without either.
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ from swax_lightning.model.layers import LAYERS, kernels_used
 ROPE_SCALE_KEYS = {"linear": ("factor",), "dynamic": ("factor",),
                    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
 LOLCATS_FEATURE_INITS = ("identity", "kaiming")
+FFN_ACTIVATIONS = ("silu", "gelu_tanh")
 
 
 def round_up(x: float, multiple: int) -> int:
@@ -51,6 +53,9 @@ class ModelConfig:
         window: Sliding-window size W in keys, the current token included (W >= sequence length = full attention).
         n_sink: Sink tokens: the first n_sink positions stay visible to every query of an S layer (0 = none).
         rope_theta: RoPE base; positions are absolute.
+        sliding_rope_theta: RoPE base of the sliding-window (S) layers when it differs from the full-attention
+            layers' (Gemma 3: 10,000 for its local layers, 1,000,000 for its global ones); those layers then use
+            plain RoPE (no rope_scale). Empty = rope_theta for every layer.
         rope_scale: RoPE frequency scaling of a pretrained model (transformers' rope_type, named rope_scale because
             transformers' configs reserve rope_scaling), empty = none. {type: linear, factor}: every frequency
             divided by factor. {type: llama3, factor, low_freq_factor, high_freq_factor,
@@ -62,7 +67,12 @@ class ModelConfig:
             limit. A window larger than this (here or as an inference override) is refused.
         qkv_bias: Biases on the attention's q, k and v projections (Qwen2); the output projection never has one.
         qk_norm: RMSNorm of each query and key head (one weight of head_dim shared by the heads) before RoPE (Qwen3).
-        ffn_dim: SwiGLU hidden width; empty = round_up(8/3 * d_model, 64).
+        ffn_dim: Gated feed-forward hidden width; empty = round_up(8/3 * d_model, 64).
+        ffn_activation: The feed-forward's gate activation: silu (SwiGLU, every model trained here) or gelu_tanh
+            (GeGLU with the tanh approximation of GELU: Gemma).
+        post_norms: An RMSNorm on the mixer's output and one on the feed-forward's output, before each residual add
+            (Gemma 2 and 3: four norms per block).
+        embed_scale: The token embeddings are multiplied by this before the first block (Gemma: sqrt(d_model)).
         mlstm_heads: mLSTM heads (xLSTM-7B: 8).
         mlstm_qk_factor: q/k width of the mLSTM as a fraction of d_model (xLSTM-7B: 0.5).
         mlstm_v_factor: v width of the mLSTM as a fraction of d_model (xLSTM-7B: 1.0).
@@ -109,10 +119,14 @@ class ModelConfig:
     n_sink: int = 0
     rope_theta: float = 10000.0
     rope_scale: dict | None = None
+    sliding_rope_theta: float | None = None
     max_positions: int | None = None
     qkv_bias: bool = False
     qk_norm: bool = False
     ffn_dim: int | None = None
+    ffn_activation: str = "silu"
+    post_norms: bool = False
+    embed_scale: float = 1.0
     mlstm_heads: int = 4
     mlstm_qk_factor: float = 0.5
     mlstm_v_factor: float = 1.0
@@ -166,6 +180,11 @@ class ModelConfig:
         for name in ("gate_soft_cap", "logit_soft_cap", "rope_theta", "init_std"):
             require(getattr(self, name) >= 0, f"ModelConfig.{name}", "must be >= 0", getattr(self, name))
         require(self.norm_eps > 0, "ModelConfig.norm_eps", "must be > 0", self.norm_eps)
+        require(self.sliding_rope_theta is None or self.sliding_rope_theta > 0, "ModelConfig.sliding_rope_theta",
+                "must be > 0 or empty", self.sliding_rope_theta)
+        require(self.embed_scale > 0, "ModelConfig.embed_scale", "must be > 0", self.embed_scale)
+        require(self.ffn_activation in FFN_ACTIVATIONS, "ModelConfig.ffn_activation",
+                f"must be one of {FFN_ACTIVATIONS}", self.ffn_activation)
         require(self.ffn_dim is None or self.ffn_dim >= 1, "ModelConfig.ffn_dim", "must be >= 1 or empty", self.ffn_dim)
         require(self.mlstm_norm in ("layernorm", "rmsnorm"), "ModelConfig.mlstm_norm", "must be layernorm or rmsnorm",
                 self.mlstm_norm)

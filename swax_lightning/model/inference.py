@@ -31,8 +31,9 @@ from swax_lightning.model.model import SWAXModel, check_window, swa_window
 
 def override_attention(model: SWAXModel, window: int | None = None, n_sink: int | None = None,
                        convert_full_attention: bool = False, window_includes_sinks: bool = False) -> None:
-    """Inference-time attention settings: the sliding layers' window and sink count, and optionally full-attention
-    layers run as SWA(window, n_sink) (training-free conversion; 4 sinks unless n_sink is given).
+    """Inference-time attention settings: the sliding layers' window and sink count; or, with convert_full_attention,
+    the full-attention layers run as SWA(window, n_sink) (training-free conversion; 4 sinks unless n_sink is given)
+    while the model's own sliding layers keep the window and sinks they were trained with (Gemma 3's local layers).
     window_includes_sinks: `window` counts every key a query sees, sinks included, instead of the recent keys only
     (model.swa_window); it needs a window."""
     if window_includes_sinks and window is None:
@@ -41,6 +42,7 @@ def override_attention(model: SWAXModel, window: int | None = None, n_sink: int 
         if window is None:
             raise ConfigError("convert_full_attention needs a window")
         model.convert_full_attention(window, 4 if n_sink is None else n_sink, window_includes_sinks)
+        return
     if n_sink is not None:
         model.set_sinks(n_sink)
     if window is not None:

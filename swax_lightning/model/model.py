@@ -1,7 +1,10 @@
 """SWAXModel: token embedding, pre-norm residual blocks in pattern order, final norm, LM head.
 
     block(x) = x + mixer(RMSNorm(x));  x + SwiGLU(RMSNorm(x))
-    mixer = Attention (S, A), MLSTMLayer (X) or GatedDeltaNetLayer (D)
+    mixer = Attention (S, A), MLSTMLayer (X), GatedDeltaNetLayer (D) or LolcatsAttention (L)
+
+An imported Gemma adds an RMSNorm on each branch's output (post_norms: x + RMSNorm(mixer(RMSNorm(x)))), GeGLU for
+SwiGLU (ffn_activation) and embeddings times sqrt(d_model) (embed_scale); nothing else changes.
 
 Decisions:
 - One block class for every layer kind; only the mixer differs, built from the pattern letter's entry in the
@@ -30,7 +33,7 @@ from swax_lightning.core.errors import ConfigError
 from swax_lightning.kernels.ce.chunked import softcap_cross_entropy_chunked
 from swax_lightning.kernels.util import fp32, soft_cap
 from swax_lightning.model.attention import Attention
-from swax_lightning.model.building_blocks import MultiHeadLayerNorm, MultiHeadRMSNorm, ShortConv, SwiGLU
+from swax_lightning.model.building_blocks import GatedFFN, MultiHeadLayerNorm, MultiHeadRMSNorm, ShortConv
 from swax_lightning.model.config import ModelConfig
 from swax_lightning.model.layers import build_mixer
 
@@ -66,11 +69,16 @@ class Block(nn.Module):
         self.mixer_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.mixer = build_mixer(kind, cfg)
         self.ffn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.ffn = SwiGLU(cfg.d_model, cfg.ffn_width)
+        self.ffn = GatedFFN(cfg.d_model, cfg.ffn_width, cfg.ffn_activation)
+        if cfg.post_norms:
+            self.mixer_post_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+            self.ffn_post_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        else:
+            self.mixer_post_norm = self.ffn_post_norm = nn.Identity()
 
     def forward(self, x: torch.Tensor, cache=None, positions: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.mixer(self.mixer_norm(x), cache, positions)
-        return x + self.ffn(self.ffn_norm(x))
+        x = x + self.mixer_post_norm(self.mixer(self.mixer_norm(x), cache, positions))
+        return x + self.ffn_post_norm(self.ffn(self.ffn_norm(x)))
 
 
 class SWAXModel(nn.Module):
@@ -122,6 +130,11 @@ class SWAXModel(nn.Module):
             if hasattr(module, "reset_own_parameters"):  # a layer's own init (gate biases, decay): layers.py
                 module.reset_own_parameters()
 
+    def embed_tokens(self, idx: torch.Tensor) -> torch.Tensor:
+        """The first block's input: token embeddings times cfg.embed_scale (1 but for an imported Gemma)."""
+        x = self.embed(idx)
+        return x if self.cfg.embed_scale == 1.0 else x * self.cfg.embed_scale
+
     def attention_layers(self, sliding: bool | None = None) -> list[Attention]:
         """The attention mixers: all, or only the sliding-window (True) or full-attention (False) ones."""
         return [b.mixer for b in self.blocks
@@ -143,6 +156,16 @@ class SWAXModel(nn.Module):
     def n_sink(self) -> int:
         """The current sink count of the sliding-window layers (0 when the model has none)."""
         return next((layer.n_sink for layer in self.attention_layers(sliding=True)), 0)
+
+    def attention_windows(self) -> dict[str, int]:
+        """How many attention layers see which keys: {"full": n, "<W>+<sinks>": n} (W recent keys, the current
+        token included, plus the sinks): one entry for a SWAX model, two for a Gemma 3 whose global layers were
+        converted to SWA while its local layers keep theirs."""
+        counts: dict[str, int] = {}
+        for layer in self.attention_layers():
+            key = f"{layer.window}+{layer.n_sink}" if layer.sliding else "full"
+            counts[key] = counts.get(key, 0) + 1
+        return counts
 
     def num_params(self, exclude_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
@@ -178,7 +201,7 @@ class SWAXModel(nn.Module):
         (kernels/ce/chunked.py) so the [B, T, vocab] logits never exist; it runs here, inside the model's forward,
         so a sharded LM head is gathered for it. last_only: the logits of the last position only, [B, 1, vocab] (a
         prefill chunk needs no others; the LM head is a fifth of a small model's work per token)."""
-        x = self.embed(idx)
+        x = self.embed_tokens(idx)
         for i, block in enumerate(self.blocks):
             x = block(x, None if caches is None else caches[i], positions)
         if targets is not None:

@@ -67,7 +67,8 @@ SUITE_FIXED = ("window", "n_sink", "convert_full_attention", "window_includes_si
 @dataclass
 class StudentSpec:
     """One retrofit: pattern = the layer kinds of the converted model (D = Gated DeltaNet, X = mLSTM, L = LoLCATs,
-    A = keep the teacher's attention; tiled over the depth), arch = other ModelConfig fields of the students."""
+    A and S = keep the teacher's full or sliding attention layer there; tiled over the depth: SSSSSL converts Gemma 3
+    270M's global layers), arch = other ModelConfig fields of the students."""
 
     pattern: str
     arch: dict = field(default_factory=dict)
@@ -121,7 +122,7 @@ class ExperimentConfig:
     """The whole comparison.
 
     Args:
-        source: What swax import reads: a Hugging Face folder, a .gguf file, or smollm2 (the packaged GGUF).
+        source: What swax import reads: a Hugging Face folder, a .gguf file, smollm2 or gemma3 (the packaged GGUFs).
         out: The experiment's folder.
         import_dir: An existing import to use instead (its checkpoints/last.ckpt); empty = <out>/import.
         device: cpu or cuda.

@@ -4,7 +4,8 @@ attention plus a 64-token softmax window, model/lolcats.py), in two stages. The 
 command (`swax retrofit run configs/retrofit/smollm2.yaml`), is swax_lightning/pretrained/experiment.py.
 
 1. Attention transfer (LoLCATs' stage 1). The converted model is the teacher with every attention mixer replaced
-   by a student mixer (`student_config`: the pattern's letter per layer; A keeps the teacher's layer). Each student
+   by a student mixer (`student_config`: the pattern's letter per layer; A and S keep the teacher's layer, so
+   Gemma 3's SSSSSL converts its global layers and keeps its local ones). Each student
    is trained to reproduce its teacher layer's output from that layer's input, both captured from the frozen
    teacher's forward (`mixer_io`: hooks on the mixers, one teacher forward per batch, no LM head), all layers at
    once, each with its own loss: the relative mean squared error |student(x) - y|^2 / |y|^2 (scale-free, so every
@@ -72,7 +73,8 @@ MAPPED = ("q_proj", "k_proj", "v_proj", "out_proj")  # the student projections i
 FROM_TEACHER = (*MAPPED, "q_norm", "k_norm")  # every student part with a teacher counterpart (norms: L students)
 STUDENT_KINDS = {"D": "Gated DeltaNet", "X": "mLSTM",
                  "L": "LoLCATs: Hedgehog linear attention + 64-token softmax window",
-                 "A": "the teacher's attention, kept"}
+                 "A": "the teacher's full attention, kept", "S": "the teacher's sliding-window attention, kept"}
+KEPT = ("A", "S")  # letters that keep the teacher's layer (each only where the teacher has that kind)
 TRAIN_CHOICES = ("new", "all")
 Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets) [B, T], as loss_mask.inputs_and_targets gives them
 
@@ -131,14 +133,28 @@ class LoRAConfig:
 
 # ---- the converted model ---------------------------------------------------------------------------------------------
 def student_config(teacher: ModelConfig, pattern: str, **arch) -> ModelConfig:
-    """The converted model's ModelConfig: the teacher's, with `pattern` (D, X, L or A per layer, tiled) and student
-    mixers shaped like the teacher's attention (D, X: one head per query head, the teacher's head width; L: the
-    teacher's heads, key/value heads, biases, q/k norms and RoPE, all kept from the teacher's config); `arch`: other
-    ModelConfig fields (e.g. chunk_size, igate_bias_init, lolcats_window)."""
+    """The converted model's ModelConfig: the teacher's, with `pattern` (D, X, L, or A and S kept, per layer, tiled)
+    and student mixers shaped like the teacher's attention (D, X: one head per query head, the teacher's head width;
+    L: the teacher's heads, key/value heads, biases, q/k norms and RoPE, all kept from the teacher's config); `arch`:
+    other ModelConfig fields (e.g. chunk_size, igate_bias_init, lolcats_window). The teacher is an attention model:
+    full (A) layers, and sliding (S) ones such as Gemma 3's local layers, which a student keeps as they are (S where
+    the teacher has S) or converts; an L layer takes the full-attention RoPE, so it may replace a local layer only
+    when those share one (no sliding_rope_theta)."""
     if not pattern or set(pattern) - set(STUDENT_KINDS):
         raise ConfigError(f"student pattern {pattern!r}: letters must be from {STUDENT_KINDS}")
-    if set(teacher.pattern) != {"A"}:
-        raise ConfigError(f"the teacher must be a full-attention model (pattern A), not pattern {teacher.pattern!r}")
+    if set(teacher.pattern) - set(KEPT):
+        raise ConfigError(f"the teacher must be an attention model (patterns of A and S), not pattern "
+                          f"{teacher.pattern!r}")
+    layers = pattern * (teacher.n_layers // len(pattern)) if teacher.n_layers % len(pattern) == 0 else None
+    if layers is None:
+        raise ConfigError(f"student pattern {pattern!r} does not tile the teacher's {teacher.n_layers} layers")
+    for i, (letter, kind) in enumerate(zip(layers, teacher.layer_kinds)):
+        if letter in KEPT and letter != kind:
+            raise ConfigError(f"student pattern {pattern!r} keeps layer {i} as {letter}, but the teacher's layer {i} "
+                              f"is {kind} (keep it as {kind} or convert it)")
+        if letter == "L" and kind == "S" and teacher.sliding_rope_theta is not None:
+            raise ConfigError(f"student pattern {pattern!r} makes the teacher's local layer {i} an L layer, which "
+                              f"would rotate with the global layers' RoPE base: keep it (S) or convert it to D or X")
     factor = teacher.n_heads * teacher.attn_head_dim / teacher.d_model
     shape = dict(deltanet_heads=teacher.n_heads, deltanet_qk_factor=factor, deltanet_v_factor=factor,
                  deltanet_conv=0, mlstm_heads=teacher.n_heads, mlstm_qk_factor=factor, mlstm_v_factor=factor)
@@ -189,15 +205,15 @@ def converted_model(teacher: SWAXModel, pattern: str, seed: int = 0, **arch) -> 
     missing, unexpected = model.load_state_dict(shared, strict=False)
     assert not unexpected and all(_in_student(model, name) for name in missing), (missing, unexpected)
     for block, teacher_block in zip(model.blocks, teacher.blocks):
-        if block.kind != "A":
+        if block.kind not in KEPT:
             init_from_attention(block.mixer, teacher_block.mixer)
     return model.eval()
 
 
 def is_kept_attention(model: SWAXModel, name: str) -> bool:
-    """Whether parameter `name` belongs to an attention mixer the converted model keeps (letter A)."""
+    """Whether parameter `name` belongs to an attention mixer the converted model keeps (letters A and S)."""
     parts = name.split(".")
-    return parts[0] == "blocks" and parts[2] == "mixer" and model.blocks[int(parts[1])].kind == "A"
+    return parts[0] == "blocks" and parts[2] == "mixer" and model.blocks[int(parts[1])].kind in KEPT
 
 
 def student_state(model: SWAXModel) -> dict:
@@ -207,12 +223,12 @@ def student_state(model: SWAXModel) -> dict:
 
 def _in_student(model: SWAXModel, name: str) -> bool:
     parts = name.split(".")
-    return parts[0] == "blocks" and parts[2] == "mixer" and model.blocks[int(parts[1])].kind != "A"
+    return parts[0] == "blocks" and parts[2] == "mixer" and model.blocks[int(parts[1])].kind not in KEPT
 
 
 def student_layers(model: SWAXModel) -> list[int]:
     """The blocks of a converted model whose mixer is a student."""
-    return [i for i, block in enumerate(model.blocks) if block.kind != "A"]
+    return [i for i, block in enumerate(model.blocks) if block.kind not in KEPT]
 
 
 def transfer_parameters(model: SWAXModel, train: str) -> list[nn.Parameter]:
@@ -234,7 +250,7 @@ def mixer_io(teacher: SWAXModel, idx: torch.Tensor) -> tuple[list[torch.Tensor],
 
     hooks = [block.mixer.register_forward_hook(record) for block in teacher.blocks]
     try:
-        x = teacher.embed(idx)
+        x = teacher.embed_tokens(idx)
         for block in teacher.blocks:
             x = block(x)
     finally:
