@@ -33,7 +33,7 @@ from swax_lightning.core.errors import require
 from swax_lightning.data.mqar_episodes import VALUES, Episode, check_shape, episode_chars, eval_episode
 from swax_lightning.data.recall_documents import RecallMix
 from swax_lightning.evals.registry import Evaluation, register
-from swax_lightning.evals.reports import mean_interval, row_scalars, section_table, wilson_interval, with_interval
+from swax_lightning.evals.reports import mean_interval, section_table, wilson_interval, with_interval
 from swax_lightning.model.inference import left_pad, prefill
 
 BATCH = 32  # episodes per prefill call
@@ -140,6 +140,7 @@ class MQARSettings:
 @register
 class MQAR(Evaluation):
     name, title, order, Settings = "mqar", "MQAR by gap", 50, MQARSettings
+    scalar_rows = ("gaps", "eval/mqar/gap_{gap}", {"accuracy": "accuracy", "value_loss": "loss"})
 
     def settle_shape(self, recall) -> None:
         """Pairs and key length from the training data's MQAR documents where not given, then checked."""
@@ -176,8 +177,3 @@ class MQAR(Evaluation):
                  with_interval(r, "loss", 3, 3), r["n"]] for r in section["gaps"]]
         return section_table("Associative recall (MQAR) by gap", note, ["gap", "reach", "accuracy", "value loss", "n"],
                              rows)
-
-    @classmethod
-    def scalars(cls, section: dict) -> dict[str, float]:
-        return row_scalars(section["gaps"], lambda row: f"eval/mqar/gap_{row['gap']}",
-                           {"accuracy": "accuracy", "value_loss": "loss"})

@@ -20,7 +20,7 @@ from tqdm import tqdm
 from swax_lightning.core.errors import require
 from swax_lightning.data.loss_mask import unmarked
 from swax_lightning.evals.registry import Evaluation, register
-from swax_lightning.evals.reports import row_scalars, section_table
+from swax_lightning.evals.reports import section_table
 from swax_lightning.evals.scoring import token_scores
 from swax_lightning.model.model import SWAXModel
 
@@ -81,6 +81,7 @@ class PerplexitySettings:
 @register
 class Perplexity(Evaluation):
     name, title, order, Settings = "perplexity", "perplexity by position", 30, PerplexitySettings
+    scalar_rows = (None, "eval/ppl_by_position/{from}-{to}", {"loss": "loss", "bpb": "bpb"})
 
     def workload(self) -> tuple[int, int, int]:
         return self.settings.samples, self.settings.samples * self.settings.length, 0
@@ -94,8 +95,3 @@ class Perplexity(Evaluation):
     def report(cls, section: list[dict]) -> list[str]:
         rows = [[f"{r['from']}-{r['to']}", f"{r['loss']:.4f}", f"{r['ppl']:.3f}", f"{r['bpb']:.4f}"] for r in section]
         return section_table("Loss by position", "", ["positions", "loss", "ppl", "bits/byte"], rows)
-
-    @classmethod
-    def scalars(cls, section: list[dict]) -> dict[str, float]:
-        return row_scalars(section, lambda row: f"eval/ppl_by_position/{row['from']}-{row['to']}",
-                           {"loss": "loss", "bpb": "bpb"})

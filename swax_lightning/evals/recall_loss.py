@@ -32,7 +32,7 @@ from swax_lightning.core.errors import ConfigError, require
 from swax_lightning.data.recall_documents import eval_sample
 from swax_lightning.evals.essay import generated_essay, prose_sentences
 from swax_lightning.evals.registry import Evaluation, register
-from swax_lightning.evals.reports import mean_interval, row_scalars, section_table, wilson_interval, with_interval
+from swax_lightning.evals.reports import mean_interval, section_table, wilson_interval, with_interval
 from swax_lightning.evals.ruler import load_words
 from swax_lightning.evals.scoring import token_scores
 
@@ -103,6 +103,7 @@ class RecallSettings:
 @register
 class RecallLoss(Evaluation):
     name, title, order, Settings = "recall", "answer loss by distance", 40, RecallSettings
+    scalar_rows = ("buckets", "eval/recall/{from}-{to}", {"answer_loss": "loss", "exact": "exact"})
 
     def workload(self) -> tuple[int, int, int]:
         buckets = len(self.settings.edges) - 1
@@ -123,11 +124,6 @@ class RecallLoss(Evaluation):
                  r["n"]] for r in section["buckets"]]
         return section_table("Answer-token loss by recall distance", note, ["distance", "reach", "loss", "exact", "n"],
                              rows)
-
-    @classmethod
-    def scalars(cls, section: dict) -> dict[str, float]:
-        return row_scalars(section["buckets"], lambda row: f"eval/recall/{row['from']}-{row['to']}",
-                           {"answer_loss": "loss", "exact": "exact"})
 
 
 def _reach(bucket: dict) -> str:

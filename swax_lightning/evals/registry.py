@@ -39,6 +39,8 @@ class Evaluation:
     title: ClassVar[str]
     order: ClassVar[int]
     Settings: ClassVar[type]
+    # (key of the section's rows or None for a list section, tag format such as "eval/x/{gap}", {scalar: row key})
+    scalar_rows: ClassVar[tuple[str | None, str, dict[str, str]] | None] = None
 
     def __init__(self, settings, context):
         self.settings, self.context = settings, context
@@ -63,7 +65,13 @@ class Evaluation:
 
     @classmethod
     def scalars(cls, section: dict) -> dict[str, float]:
-        return {}
+        """TensorBoard scalars: by default {tag.format_map(row)/name: row[key]} for every row and every (name, key)
+        of `scalar_rows`'s metrics; none where it is None."""
+        if cls.scalar_rows is None:
+            return {}
+        rows_key, tag, metrics = cls.scalar_rows
+        rows = section if rows_key is None else section[rows_key]
+        return {f"{tag.format_map(row)}/{name}": row[key] for row in rows for name, key in metrics.items()}
 
     @classmethod
     def figures(cls, section: dict) -> dict:

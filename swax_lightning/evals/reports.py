@@ -108,11 +108,6 @@ def table_scalars(name: str, section: dict) -> dict[str, float]:
             for length, c in row.items()}
 
 
-def row_scalars(rows: list[dict], prefix, metrics: dict[str, str]) -> dict[str, float]:
-    """{prefix(row)/tag: row[key]} for every row and every (tag, key) of `metrics`."""
-    return {f"{prefix(row)}/{tag}": row[key] for row in rows for tag, key in metrics.items()}
-
-
 def with_interval(row: dict, key: str, digits: int, interval_digits: int) -> str:
     """row[key] and its interval row[key_ci95] as "value [low, high]"."""
     low, high = row[f"{key}_ci95"]
