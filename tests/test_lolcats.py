@@ -203,11 +203,11 @@ def test_attention_transfer_lowers_the_held_out_layer_error(teacher, tmp_path):
 
     students = {"lolcats": retrofit.converted_model(teacher, "L", lolcats_window=8)}
     held_out = next(text_batches(99))[0][:1]
-    before = retrofit.transfer_errors(teacher, students["lolcats"], held_out)
+    before = retrofit.transfer_errors(students["lolcats"], *retrofit.mixer_io(teacher, held_out))
     cfg = retrofit.TransferConfig(tokens=30 * 2 * 64, lr=1e-2)
     losses = retrofit.attention_transfer(teacher, students, text_batches(0), 30, cfg, tmp_path / "p.pt",
                                          lambda *_: None)
-    after = retrofit.transfer_errors(teacher, students["lolcats"], held_out)
+    after = retrofit.transfer_errors(students["lolcats"], *retrofit.mixer_io(teacher, held_out))
     print(f"held-out relative MSE per layer {before} -> {after}; train {losses['lolcats'][0]:.4f} -> "
           f"{losses['lolcats'][-1]:.4f}")
     assert all(a < 0.75 * b for a, b in zip(after, before))

@@ -30,6 +30,8 @@ transformers = pytest.importorskip("transformers")
 
 from swax_lightning.data.loss_mask import CONTEXT_ONLY, inputs_and_targets  # noqa: E402
 from swax_lightning.evals.essay import generated_essay  # noqa: E402
+from swax_lightning.model.config import ModelConfig  # noqa: E402
+from swax_lightning.model.model import SWAXModel  # noqa: E402
 from swax_lightning.pretrained import hf_import, retrofit  # noqa: E402
 from swax_lightning.pretrained.experiment import check_variants, read_config, write_converted  # noqa: E402
 from swax_lightning.pretrained.lora import LoRALinear, add_lora, merge_lora  # noqa: E402
@@ -157,6 +159,67 @@ def test_a_gemma_student_converts_the_global_layer_and_keeps_the_local_one(gemma
         retrofit.converted_model(model, "AL")
 
 
+# ---- window + linear students (G, M) --------------------------------------------------------------------------------
+@pytest.mark.parametrize("letter", ["G", "M"])
+@pytest.mark.parametrize("chunks", [[1] * 23, [5, 1, 9, 8], [23]])
+def test_a_window_plus_linear_layer_streams_as_its_full_forward(letter, chunks):
+    """Beyond its window (8), GQA (4 query heads on 2), in odd chunks: the bounded caches give the full forward."""
+    cfg = ModelConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, pattern=letter + "A",
+                      lolcats_window=8, chunk_size=8)
+    model = SWAXModel(cfg).double().eval()
+    idx = torch.randint(0, 50, (2, sum(chunks)), generator=torch.Generator().manual_seed(0))
+    caches, outs, t = model.new_caches(2, torch.float64), [], 0
+    with torch.no_grad():
+        full = model(idx)
+        for c in chunks:
+            outs.append(model(idx[:, t:t + c], caches, torch.arange(t, t + c).repeat(2, 1)))
+            t += c
+    torch.testing.assert_close(torch.cat(outs, 1), full, atol=1e-10, rtol=0)
+    assert caches[0].local.k.shape[1] <= 8  # the window's cache holds the window, not the context
+
+
+@pytest.mark.parametrize("letter", ["G", "M"])
+def test_a_window_plus_linear_student_whose_linear_part_is_silent_is_training_free_swa(teacher, letter):
+    """The window part is the teacher's attention on W recent keys and no sinks: with the linear part's output at 0
+    the converted model is the training-free variant SWA(W, 0) exactly; with it on, it is not."""
+    model, _ = teacher
+    converted = retrofit.converted_model(model, letter, seed=0, lolcats_window=16)
+    swa = retrofit.converted_model(model, "A")
+    swa.convert_full_attention(16, 0)
+    with torch.no_grad():
+        assert not torch.allclose(converted(ids()), swa(ids()), atol=1e-3)
+        for block in converted.blocks:
+            block.mixer.linear.norm.weight.zero_()
+        torch.testing.assert_close(converted(ids()), swa(ids()), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(("letter", "new"), [("G", {"beta_proj", "decay_proj", "A_log", "dt_bias", "gate", "norm"}),
+                                             ("M", {"igate", "fgate", "ogate", "norm"})])
+def test_a_window_plus_linear_students_stage_1_trains_its_linear_parts_new_parameters(teacher, letter, new):
+    model, _ = teacher
+    converted = retrofit.converted_model(model, letter, seed=0)
+    trained = {id(p) for p in retrofit.transfer_parameters(converted, "new")}
+    trained_names = [name.split(".") for name, p in converted.named_parameters() if id(p) in trained]
+    assert {parts[3] for parts in trained_names} == {"linear"}  # blocks.<i>.mixer.linear.<parameter>...
+    assert {parts[4] for parts in trained_names} == new
+    mixer, attention = converted.blocks[0].mixer, model.blocks[0].mixer
+    assert torch.equal(mixer.local.k_proj.weight, attention.k_proj.weight)  # the window: the teacher's, as is
+    assert torch.equal(mixer.linear.q_proj.weight, attention.q_proj.weight)
+
+
+@pytest.mark.parametrize("letter", ["G", "M"])
+def test_the_linear_part_is_calibrated_to_what_the_window_leaves(teacher, letter):
+    model, _ = teacher
+    converted = retrofit.converted_model(model, letter, seed=0, lolcats_window=8)
+    inputs, outputs = retrofit.mixer_io(model, next(text_batches(5))[0])
+    retrofit.calibrate_output_scale(converted, inputs, outputs)
+    with torch.no_grad():
+        for i, block in enumerate(converted.blocks):
+            window_alone = float(retrofit.relative_mse(block.mixer.local(inputs[i]), outputs[i]))
+            both = float(retrofit.relative_mse(block.mixer(inputs[i]), outputs[i]))
+            assert both <= window_alone + 1e-6 and window_alone > 0.01
+
+
 # ---- stage 1: attention transfer ------------------------------------------------------------------------------------
 def test_calibration_is_the_least_squares_scale(teacher):
     model, _ = teacher
@@ -178,12 +241,12 @@ def test_attention_transfer_lowers_the_held_out_layer_error(teacher, tmp_path):
     model, _ = teacher
     students = {"gdn": retrofit.converted_model(model, "D", seed=0), "mlstm": retrofit.converted_model(model, "X")}
     held_out = next(text_batches(99))[0][:1]
-    before = {name: retrofit.transfer_errors(model, s, held_out) for name, s in students.items()}
+    before = {name: retrofit.transfer_errors(s, *retrofit.mixer_io(model, held_out)) for name, s in students.items()}
     cfg = retrofit.TransferConfig(tokens=60 * 2 * T, lr=1e-2)
     losses = retrofit.attention_transfer(model, students, text_batches(0), 60, cfg, tmp_path / "p.pt",
                                          lambda *_: None)
     for name, s in students.items():
-        after = retrofit.transfer_errors(model, s, held_out)
+        after = retrofit.transfer_errors(s, *retrofit.mixer_io(model, held_out))
         print(f"{name}: held-out relative MSE per layer {before[name]} -> {after}; train {losses[name][0]:.3f} -> "
               f"{losses[name][-1]:.3f}")
         assert all(a < 0.75 * b for a, b in zip(after, before[name]))
@@ -211,21 +274,34 @@ def assert_same_weights(a, b) -> None:
         assert torch.equal(tensor, b.state_dict()[name]), name
 
 
-def test_attention_transfer_resumes_exactly(teacher, tmp_path):
+def test_the_curves_are_measured_at_doublings():
+    assert retrofit.measured_steps(32) == [0, 1, 2, 4, 8, 16, 32]
+    assert retrofit.measured_steps(6) == [0, 1, 2, 4, 6]
+    assert retrofit.measured_steps(1) == [0, 1] and retrofit.measured_steps(0) == [0]
+
+
+def test_attention_transfer_resumes_exactly_with_its_held_out_curve(teacher, tmp_path):
     model, _ = teacher
     cfg = retrofit.TransferConfig(tokens=6 * 2 * T, lr=1e-2, save_every=2)
+    held_out = retrofit.mixer_io(model, next(text_batches(99))[0])
 
-    def stage(progress: Path):
+    def stage(progress: Path, curve: dict):
         def run(log):
             students = {"gdn": retrofit.converted_model(model, "D")}
-            losses = retrofit.attention_transfer(model, students, text_batches(1), 6, cfg, progress, log)
+            measure = {"gdn": lambda step, m: curve.__setitem__(step, retrofit.transfer_errors(m, *held_out))}
+            losses = retrofit.attention_transfer(model, students, text_batches(1), 6, cfg, progress, log,
+                                                 measure=measure)
             return losses, students["gdn"]
         return run
 
-    expected, whole = stage(tmp_path / "a.pt")(lambda *_: None)
-    losses, resumed = run_interrupted(stage(tmp_path / "b.pt"), interrupt_at=5)  # saved after 4 steps
+    whole_curve, resumed_curve = {}, {}
+    expected, whole = stage(tmp_path / "a.pt", whole_curve)(lambda *_: None)
+    losses, resumed = run_interrupted(stage(tmp_path / "b.pt", resumed_curve), interrupt_at=5)  # saved after 4
     assert losses == expected
     assert_same_weights(whole, resumed)
+    assert list(whole_curve) == [0, 1, 2, 4, 6] and resumed_curve == whole_curve  # the resume measures 4 again
+    assert whole_curve[6] == retrofit.transfer_errors(whole, *held_out)  # the last point is the trained model
+    assert whole_curve[6] != whole_curve[0]
 
 
 # ---- stage 2: LoRA ---------------------------------------------------------------------------------------------------
@@ -263,6 +339,21 @@ def test_lora_finetune_lowers_the_loss_and_resumes_exactly(teacher, tmp_path):
     losses, resumed = run_interrupted(stage(tmp_path / "b.pt"), interrupt_at=3)  # saved after 2 steps
     assert losses == expected and expected[-1] < expected[0]
     assert_same_weights(whole, resumed)
+
+
+def test_the_lora_curve_ends_at_the_merged_model(teacher, tmp_path):
+    model, _ = teacher
+    cfg = retrofit.LoRAConfig(tokens=4 * 2 * T, rank=4, lr=1e-2)
+    inputs, targets = next(text_batches(99))
+    converted, curve = retrofit.converted_model(model, "D"), {}
+    with torch.no_grad():
+        start = float(converted(inputs, targets=targets))
+    retrofit.lora_finetune(converted, text_batches(2), 4, cfg, tmp_path / "p.pt", lambda *_: None,
+                           measure=lambda step, m: curve.__setitem__(step, float(m(inputs, targets=targets))))
+    with torch.no_grad():
+        merged = float(converted(inputs, targets=targets))
+    assert list(curve) == [0, 1, 2, 4] and curve[0] == start and curve[4] < curve[0]
+    assert curve[4] == pytest.approx(merged, abs=1e-4)
 
 
 # ---- the converted checkpoint ---------------------------------------------------------------------------------------
@@ -337,6 +428,14 @@ def test_the_experiment_command_evaluates_every_variant_and_resumes(tmp_path):
     assert variants["swa1024-sink0"]["choice"] == variants["full"]["choice"]
     transfer = json.loads((out / "students" / "gdn" / "transfer.json").read_text())
     assert transfer["tokens"] == 4 * 2 * T and transfer["steps"] == 4
+    curve = transfer["held_out_curve"]  # the convergence curves, at 0, 1, 2, 4 steps
+    assert [row["step"] for row in curve] == [0, 1, 2, 4]
+    assert [row["tokens"] for row in curve] == [0, 2 * T, 4 * T, 8 * T]
+    assert curve[-1]["by_layer"] == transfer["held_out_relative_mse_by_layer"]["after"]
+    lora = json.loads((out / "students" / "gdn" / "lora.json").read_text())
+    assert [row["step"] for row in lora["held_out_loss_curve"]] == [0, 1, 2] and lora["teacher_held_out_loss"] > 0
+    assert "## Convergence" in report and (out / "convergence.png").is_file()
+    assert not list(out.glob("students/*/*-curve.json"))  # the partial curves are gone once a stage is done
     assert load_model(out / "students" / "mlstm" / "checkpoints" / "last.ckpt")[0].cfg.pattern == "X"
     for name in ("png", "md"):
         assert list(out.glob(f"*.{name}"))

@@ -89,7 +89,8 @@ class ModelConfig:
         chunk_size: Chunk length of the chunkwise mLSTM and Gated DeltaNet forms.
         lolcats_window: Block length of the LoLCATs (L) layer's terraced softmax window: a query in block t // W sees
             its own block up to itself and the previous block with softmax (W + 1 .. 2 W keys), every earlier key
-            through its linear attention (LoLCATs: 64).
+            through its linear attention (LoLCATs: 64); and the plain sliding window (W recent keys, no sinks) of the
+            window + linear layers G and M (window_linear.py).
         lolcats_feature_dim: Hedgehog feature dimension F of the L layer's q and k maps, per head (2 F features:
             softmax of x W and of -x W; LoLCATs: 64).
         lolcats_feature_init: Initialisation of the L layer's feature-map matrices [head_dim, F]: identity (every

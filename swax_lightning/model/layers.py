@@ -33,7 +33,7 @@ class LayerKind:
             new_cache(batch, dtype, device), and optionally reset_own_parameters() (its own initialisation, run
             after SWAXModel's generic one, which draws every Linear and zeroes every bias): "module:callable", or
             the callable.
-        kernel: The ModelConfig.kernels operation its layers run (None: none of them).
+        kernel: The ModelConfig.kernels operation its layers run (None: none of them; a tuple: several).
         mixing_flops: (cfg, seq_len, window) -> forward FLOPs of one sequence's mixing beyond the projections.
         options: Keyword arguments given to `mixer` after the config.
     """
@@ -41,7 +41,7 @@ class LayerKind:
     letter: str
     name: str
     mixer: str | Callable
-    kernel: str | None
+    kernel: str | tuple[str, ...] | None
     mixing_flops: Callable[..., int]
     options: dict = field(default_factory=dict)
 
@@ -67,7 +67,11 @@ def build_mixer(letter: str, cfg):
 
 def kernels_used(pattern: str) -> set[str]:
     """The kernel operations the layers of `pattern` run."""
-    return {LAYERS[letter].kernel for letter in set(pattern)} - {None}
+    used = set()
+    for letter in set(pattern):
+        kernel = LAYERS[letter].kernel
+        used |= set(kernel) if isinstance(kernel, tuple) else {kernel}
+    return used - {None}
 
 
 # ---- FLOPs of the mixing ------------------------------------------------------------------------------------------
@@ -121,6 +125,15 @@ def lolcats_flops(cfg, seq_len: int, window: int) -> int:
     return cfg.n_heads * (4 * D * terraced_pairs(seq_len, cfg.lolcats_window) + seq_len * per_token)
 
 
+def window_plus(linear_flops: Callable[..., int]) -> Callable[..., int]:
+    """The FLOPs of a window + linear layer (window_linear.py): a sliding window of lolcats_window keys, no sinks,
+    plus the linear part."""
+    def flops(cfg, seq_len: int, window: int) -> int:
+        pairs = visible_pairs(seq_len, cfg.lolcats_window, 0)
+        return 4 * cfg.attn_head_dim * cfg.n_heads * pairs + linear_flops(cfg, seq_len, window)
+    return flops
+
+
 register(LayerKind("S", "sliding-window attention", "swax_lightning.model.attention:Attention", "attention",
                    sliding_attention_flops, {"sliding": True}))
 register(LayerKind("A", "full causal attention", "swax_lightning.model.attention:Attention", "attention",
@@ -130,3 +143,7 @@ register(LayerKind("D", "Gated DeltaNet", "swax_lightning.model.deltanet:GatedDe
                    deltanet_flops))
 register(LayerKind("L", "LoLCATs linear attention + softmax window", "swax_lightning.model.lolcats:LolcatsAttention",
                    None, lolcats_flops))
+register(LayerKind("G", "softmax window + Gated DeltaNet", "swax_lightning.model.window_linear:WindowPlusLinear",
+                   ("attention", "deltanet"), window_plus(deltanet_flops), {"linear": "D"}))
+register(LayerKind("M", "softmax window + mLSTM", "swax_lightning.model.window_linear:WindowPlusLinear",
+                   ("attention", "mlstm"), window_plus(mlstm_flops), {"linear": "X"}))

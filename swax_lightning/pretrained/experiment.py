@@ -129,6 +129,8 @@ class ExperimentConfig:
         precision: Of the retrofit's training: bf16 (forwards under bf16 autocast, fp32 weights and optimizer: faster
             on GPUs and on CPUs with AVX-512 BF16) or fp32. The evaluation's is evaluate.precision.
         seed: Seed of the students' new weights, the data order and the adapters.
+        held_out_sequences: Validation sequences (of data.seq_len tokens) the convergence curves are measured on:
+            each layer's transfer error and the LoRA loss, the same sequences at every point.
         data: TextDataModule arguments for the training text (source, seq_len, batch_size, recall, data_dir...); the
             tokenizer is always the model's own.
         students: name -> StudentSpec of each retrofit.
@@ -143,6 +145,7 @@ class ExperimentConfig:
     device: str = "cpu"
     precision: str = "bf16"
     seed: int = 0
+    held_out_sequences: int = 4
     data: dict = field(default_factory=lambda: {"source": "embedded", "seq_len": 1024, "batch_size": 1})
     students: dict = field(default_factory=lambda: {"gdn": StudentSpec("D"), "mlstm": StudentSpec("X")})
     transfer: retrofit.TransferConfig = field(default_factory=retrofit.TransferConfig)
@@ -153,6 +156,7 @@ class ExperimentConfig:
         require(self.device in ("cpu", "cuda"), "device", "must be cpu or cuda", self.device)
         require(self.precision in PRECISIONS, "precision", f"must be one of {PRECISIONS}", self.precision)
         require(bool(self.students), "students", "must name at least one retrofit", self.students)
+        require(self.held_out_sequences >= 1, "held_out_sequences", "must be >= 1", self.held_out_sequences)
         require("tokenizer" not in self.data, "data.tokenizer", "is the model's own: leave it out",
                 self.data.get("tokenizer"))
         for name in self.students:
@@ -304,16 +308,38 @@ def _writer(cfg: ExperimentConfig, name: str):
     return SummaryWriter(str(cfg.folder / "tensorboard" / name))
 
 
-def _held_out(cfg: ExperimentConfig, data) -> torch.Tensor:
-    """One held-out sequence of the validation split, for the layers' transfer error before and after."""
-    return next(retrofit.token_batches(data.blocks("val", cfg.seq_len + 1), 1, cfg.seed, cfg.device))[0]
+def _held_out(cfg: ExperimentConfig, data) -> retrofit.Batch:
+    """The validation sequences (inputs, targets) every point of the convergence curves is measured on."""
+    blocks = data.blocks("val", cfg.seq_len + 1)
+    return next(retrofit.token_batches(blocks, min(cfg.held_out_sequences, len(blocks)), cfg.seed, cfg.device))
+
+
+class Curve:
+    """A stage's held-out points {steps done: value}, written to `path` as they come: a resumed stage keeps the
+    points measured before it stopped (one measured again after a resume from an earlier save is the same)."""
+
+    def __init__(self, path: Path, tokens_per_step: int):
+        self.path, self.tokens_per_step = path, tokens_per_step
+        self.points = {int(k): v for k, v in json.loads(path.read_text()).items()} if path.is_file() else {}
+
+    def add(self, step: int, value) -> None:
+        self.points[step] = value
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        atomic.write_json(self.path, {str(k): v for k, v in self.points.items()})
+
+    def rows(self, key: str) -> list[dict]:
+        """[{"step", "tokens", key: value}] in step order."""
+        return [{"step": k, "tokens": k * self.tokens_per_step, key: self.points[k]} for k in sorted(self.points)]
 
 
 def run_transfer(cfg: ExperimentConfig, teacher, data, specs: dict) -> None:
     students = {name: retrofit.converted_model(teacher, spec.pattern, cfg.seed, **spec.arch)
                 for name, spec in specs.items()}
-    held_out = _held_out(cfg, data)
-    before = {name: retrofit.transfer_errors(teacher, model, held_out) for name, model in students.items()}
+    held_out = retrofit.mixer_io(teacher, _held_out(cfg, data)[0])
+    curves = {name: Curve(student_folder(cfg, name) / "transfer-curve.json", cfg.batch_size * cfg.seq_len)
+              for name in students}
+    measure = {name: lambda step, model, name=name: curves[name].add(step, retrofit.transfer_errors(model, *held_out))
+               for name in students}
     steps = retrofit.steps_for(cfg.transfer.tokens, cfg.batch_size, cfg.seq_len)
     print(f"attention transfer of {', '.join(students)}: {steps} steps of {cfg.batch_size} x {cfg.seq_len} tokens",
           flush=True)
@@ -330,22 +356,25 @@ def run_transfer(cfg: ExperimentConfig, teacher, data, specs: dict) -> None:
 
     batches = retrofit.token_batches(data.blocks("train", cfg.seq_len + 1), cfg.batch_size, cfg.seed, cfg.device)
     progress = cfg.folder / "students" / "transfer-progress.pt"
-    losses = retrofit.attention_transfer(teacher, students, batches, steps, cfg.transfer, progress, log, cfg.bf16)
+    losses = retrofit.attention_transfer(teacher, students, batches, steps, cfg.transfer, progress, log, cfg.bf16,
+                                         measure)
     for name, model in students.items():
-        after = retrofit.transfer_errors(teacher, model, held_out)
-        folder = student_folder(cfg, name)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder, curve = student_folder(cfg, name), curves[name].rows("by_layer")
+        before, after = curve[0]["by_layer"], curve[-1]["by_layer"]
         summary = {"pattern": specs[name].pattern, "steps": steps, "tokens": steps * cfg.batch_size * cfg.seq_len,
                    "budget_tokens": cfg.transfer.tokens, "train": cfg.transfer.train, "lr": cfg.transfer.lr,
-                   "held_out_relative_mse_before": _mean(before[name]), "held_out_relative_mse_after": _mean(after),
-                   "held_out_relative_mse_by_layer": {"before": before[name], "after": after},
+                   "held_out_sequences": len(held_out[0][0]),
+                   "held_out_relative_mse_before": _mean(before), "held_out_relative_mse_after": _mean(after),
+                   "held_out_relative_mse_by_layer": {"before": before, "after": after},
+                   "held_out_curve": [row | {"mean": _mean(row["by_layer"])} for row in curve],
                    "train_relative_mse": losses[name]}
-        for i, (b, a) in enumerate(zip(before[name], after)):
-            writers[name].add_scalars("transfer/held_out_relative_mse", {"before": b, "after": a}, i)
+        for row in summary["held_out_curve"]:
+            writers[name].add_scalar("transfer/held_out_relative_mse", row["mean"], row["tokens"])
         writers[name].close()
         atomic.write_json(folder / "transfer.json", summary)
         with atomic.written_atomically(folder / "transfer.pt") as tmp:
             torch.save(retrofit.student_state(model), tmp)
+        atomic.remove(curves[name].path)
         print(f"  {name}: held-out relative MSE {summary['held_out_relative_mse_before']:.3f} -> "
               f"{summary['held_out_relative_mse_after']:.3f} (mean over layers)", flush=True)
 
@@ -365,15 +394,32 @@ def run_lora(cfg: ExperimentConfig, teacher, teacher_ckpt: Path, data, name: str
             print(f"  LoRA step {step + 1}/{steps}: loss {loss:.3f} ({retrofit.seconds_since(started):.0f} s)",
                   flush=True)
 
+    inputs, targets = _held_out(cfg, data)
+    curve = Curve(folder / "lora-curve.json", cfg.batch_size * cfg.seq_len)
+
+    def measure(step: int, model) -> None:
+        curve.add(step, float(model(inputs, targets=targets)))
+
     batches = retrofit.token_batches(data.blocks("train", cfg.seq_len + 1), cfg.batch_size, cfg.seed + 1, cfg.device)
-    losses = retrofit.lora_finetune(model, batches, steps, cfg.lora, folder / "lora-progress.pt", log, cfg.seed,
-                                    cfg.bf16) if steps else []
+    if steps:
+        losses = retrofit.lora_finetune(model, batches, steps, cfg.lora, folder / "lora-progress.pt", log, cfg.seed,
+                                        cfg.bf16, measure)
+    else:
+        losses = []
+        with torch.no_grad():
+            measure(0, model.eval())
+    with torch.no_grad():
+        teacher_loss = float(teacher(inputs, targets=targets))
+    for row in curve.rows("loss"):
+        writer.add_scalar("lora/held_out_loss", row["loss"], row["tokens"])
     writer.close()
     summary = {"steps": steps, "tokens": steps * cfg.batch_size * cfg.seq_len, "budget_tokens": cfg.lora.tokens,
-               "rank": cfg.lora.rank, "alpha": cfg.lora.alpha, "lr": cfg.lora.lr, "train_loss": losses}
+               "rank": cfg.lora.rank, "alpha": cfg.lora.alpha, "lr": cfg.lora.lr,
+               "held_out_loss_curve": curve.rows("loss"), "teacher_held_out_loss": teacher_loss, "train_loss": losses}
     write_converted(model, teacher_ckpt, folder, {"transfer": json.loads((folder / "transfer.json").read_text()),
                                                   "lora": summary})
     atomic.write_json(folder / "lora.json", summary)
+    atomic.remove(curve.path)
 
 
 def write_converted(model, teacher_ckpt: Path, folder: Path, budgets: dict) -> Path:

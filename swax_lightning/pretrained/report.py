@@ -4,14 +4,17 @@
 
 Reads <out>/variants/*/{results.json, variant.json}, <out>/students/*/{transfer.json, lora.json}, timings.json and
 experiment.yaml, and writes <out>/report.md, <out>/summary.json and the plots <out>/niah_by_length.png,
-babilong_by_length.png, loss_by_position.png and choice_and_decode.png. Needs no state of its own, so it can be
-written again at any time, from what has finished.
+babilong_by_length.png, loss_by_position.png, choice_and_decode.png and convergence.png. Needs no state of its own,
+so it can be written again at any time, from what has finished.
 
 Decisions:
 - Cells are mean [95% Wilson interval] n, as in every report of the framework; "all" pools every sample of a variant
   over the lengths (and tasks), and the multiple-choice "mean" pools every item of every task.
 - The ratio of the paper's claim: for each window, SWA(w, s) with the largest sink count over the best retrofit (the
   one with the highest pooled score), on NIAH and on BABILong; no ratio (said why) when the best retrofit scored 0.
+- Convergence is read off the held-out curves the stages measure at 0, 1, 2, 4, ... steps: a stage has converged
+  when the last doubling of its tokens improved its held-out measure (the layers' mean relative MSE; the LoRA loss)
+  by less than 2% (FLAT); otherwise the report says it did not, and by how much the last doubling still improved it.
 - Memory and speed are read at the longest NIAH prompt (the largest context every variant ran): the inference
   state's bytes, and the generated tokens per second after the prefill.
 """
@@ -27,6 +30,7 @@ from swax_lightning.core import atomic
 from swax_lightning.evals.reports import cell, lengths_of, show
 
 STYLE = {"full": ("black", "-"), "swa+sinks": (None, "-"), "swa": (None, "--"), "retrofit": (None, ":")}
+FLAT = 0.02  # converged: the last doubling of a stage's tokens improved its held-out measure by less than this
 
 
 def load_variants(folder: Path) -> dict[str, dict]:
@@ -115,14 +119,22 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
+def students(folder: Path) -> dict[str, dict]:
+    """name -> {"transfer": transfer.json, "lora": lora.json or {}} of every student that finished stage 1."""
+    out = {}
+    for path in sorted((folder / "students").glob("*/transfer.json")):
+        lora = path.parent / "lora.json"
+        out[path.parent.name] = {"transfer": json.loads(path.read_text()),
+                                 "lora": json.loads(lora.read_text()) if lora.is_file() else {}}
+    return out
+
+
 def budgets_table(folder: Path) -> list[str]:
     rows = []
-    for student in sorted((folder / "students").glob("*/transfer.json")):
-        transfer = json.loads(student.read_text())
-        lora_file = student.parent / "lora.json"
-        lora = json.loads(lora_file.read_text()) if lora_file.is_file() else {}
+    for name, stages in students(folder).items():
+        transfer, lora = stages["transfer"], stages["lora"]
         losses = lora.get("train_loss") or []
-        rows.append([student.parent.name, transfer["pattern"], f"{transfer['tokens']:,} ({transfer['steps']})",
+        rows.append([name, transfer["pattern"], f"{transfer['tokens']:,} ({transfer['steps']})",
                      transfer["train"], f"{transfer['held_out_relative_mse_before']:.3f} -> "
                      f"{transfer['held_out_relative_mse_after']:.3f}",
                      f"{lora.get('tokens', 0):,} ({lora.get('steps', 0)}), rank {lora.get('rank', '-')}",
@@ -131,10 +143,49 @@ def budgets_table(folder: Path) -> list[str]:
         return []
     return ["## Retrofit budgets\n",
             "Tokens (optimizer steps) of each stage; held-out relative MSE: |student - teacher|^2 / |teacher|^2 of "
-            "the layers' outputs on a held-out sequence, mean over layers, before and after attention transfer; "
+            "the layers' outputs on the held-out sequences, mean over layers, before and after attention transfer; "
             "LoRA loss: next-token loss (nats) of the first and last step.\n",
             *_table(["student", "pattern", "transfer tokens (steps)", "trained", "held-out relative MSE",
                      "LoRA tokens (steps)", "LoRA loss"], rows), ""]
+
+
+def per_doubling(curve: list[dict], key: str) -> float | None:
+    """The relative improvement of a held-out curve's `key` per doubling of tokens, over its last two points after
+    the start (16 -> 32 steps for a 32-step stage); None with fewer than two such points."""
+    points = [row for row in curve if row["step"] > 0]
+    if len(points) < 2:
+        return None
+    a, b = points[-2], points[-1]
+    return (1 - b[key] / a[key]) / math.log2(b["step"] / a["step"])
+
+
+def verdict(rate: float | None) -> str:
+    if rate is None:
+        return "too few points"
+    if rate < FLAT:
+        return f"flat ({100 * rate:+.1f}% per doubling)"
+    return f"not converged: {100 * rate:.1f}% per doubling"
+
+
+def convergence_table(folder: Path) -> list[str]:
+    rows = []
+    for name, stages in students(folder).items():
+        transfer = stages["transfer"].get("held_out_curve") or []
+        lora = stages["lora"].get("held_out_loss_curve") or []
+        teacher = stages["lora"].get("teacher_held_out_loss")
+        rows.append([name, f"{transfer[0]['mean']:.3f} -> {transfer[-1]['mean']:.3f}" if transfer else "-",
+                     verdict(per_doubling(transfer, "mean")),
+                     f"{lora[0]['loss']:.3f} -> {lora[-1]['loss']:.3f}" if lora else "-",
+                     f"{teacher:.3f}" if teacher is not None else "-", verdict(per_doubling(lora, "loss"))])
+    if not rows:
+        return []
+    return ["## Convergence\n",
+            f"Held-out curves (convergence.png), measured after 0, 1, 2, 4, ... steps on the same validation "
+            f"sequences: the layers' relative MSE (mean over the converted layers) in attention transfer, the "
+            f"next-token loss (nats) in LoRA. A stage is flat when its last doubling of tokens improved it by less "
+            f"than {100 * FLAT:.0f}%.\n",
+            *_table(["student", "transfer: held-out relative MSE", "transfer", "LoRA: held-out loss",
+                     "teacher's loss", "LoRA"], rows), ""]
 
 
 def long_context_table(variants: dict) -> list[str]:
@@ -227,12 +278,14 @@ def write_report(folder: str | Path) -> str:
     cfg = yaml.safe_load((folder / "experiment.yaml").read_text()) if (folder / "experiment.yaml").is_file() else {}
     sinks = max(cfg.get("evaluate", {}).get("sinks") or [0])
     rows = ratios(variants, sinks)
-    text = "\n".join([*header_lines(folder), *budgets_table(folder), *long_context_table(variants),
+    text = "\n".join([*header_lines(folder), *budgets_table(folder), *convergence_table(folder),
+                      *long_context_table(variants),
                       *depth_table(variants), *ratio_lines(rows), *short_context_table(variants),
                       *loss_table(variants)]) + "\n"
     atomic.write_text(folder / "report.md", text)
     atomic.write_json(folder / "summary.json", summary(variants, rows))
     plots(variants, folder)
+    convergence_plot(students(folder), folder)
     return text
 
 
@@ -288,6 +341,41 @@ def plots(variants: dict, folder: Path) -> None:
         fig.tight_layout()
         _save(fig, folder / name)
     _bars(variants, folder, plt)
+
+
+def convergence_plot(trained: dict[str, dict], folder: Path) -> None:
+    """Attention transfer's held-out relative MSE per layer (thin) and mean (thick), and LoRA's held-out loss with
+    the teacher's, against tokens on log axes (the start at 0 on the linear part of a symlog axis)."""
+    if not trained:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    one_step = {left: 1, right: 1}  # the tokens of one step: where each axis turns logarithmic
+    for i, (name, stages) in enumerate(trained.items()):
+        color = f"C{i}"
+        curve, lora = stages["transfer"].get("held_out_curve") or [], stages["lora"].get("held_out_loss_curve") or []
+        tokens = [row["tokens"] for row in curve]
+        for layer in range(len(curve[0]["by_layer"]) if curve else 0):
+            left.plot(tokens, [row["by_layer"][layer] for row in curve], color=color, alpha=0.2, linewidth=0.7)
+        left.plot(tokens, [row["mean"] for row in curve], color=color, marker="o", linewidth=2, label=name)
+        right.plot([row["tokens"] for row in lora], [row["loss"] for row in lora], color=color, marker="o", label=name)
+        if stages["lora"].get("teacher_held_out_loss") is not None:
+            right.axhline(stages["lora"]["teacher_held_out_loss"], color="black", linestyle="--", linewidth=1)
+        for ax, rows in ((left, curve), (right, lora)):
+            one_step[ax] = next((row["tokens"] for row in rows if row["tokens"]), one_step[ax])
+    for ax, title, ylabel in ((left, "Attention transfer: held-out error per layer (mean thick)",
+                               "relative MSE of the layer output"),
+                              (right, "LoRA: held-out next-token loss (dashed: the teacher)", "loss (nats)")):
+        ax.set_xscale("symlog", linthresh=one_step[ax])
+        ax.set(title=title, xlabel="training tokens of the stage", ylabel=ylabel)
+        ax.legend(fontsize=8)
+    left.set_yscale("log")
+    fig.tight_layout()
+    _save(fig, folder / "convergence.png")
 
 
 def _bars(variants: dict, folder: Path, plt) -> None:

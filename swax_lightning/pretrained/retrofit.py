@@ -1,6 +1,7 @@
 """LoLCATs-style retrofit: a pretrained full-attention model (the teacher, frozen) converted into linear attention of
-the framework's own kinds, Gated DeltaNet (D) or mLSTM (X), or into LoLCATs' own student (L: Hedgehog linear
-attention plus a 64-token softmax window, model/lolcats.py), in two stages. The experiment around it, and its
+the framework's own kinds, Gated DeltaNet (D) or mLSTM (X), into LoLCATs' own student (L: Hedgehog linear
+attention plus a 64-token softmax window, model/lolcats.py), or into a 64-token window plus D or X beside it (G, M:
+model/window_linear.py), in two stages. The experiment around it, and its
 command (`swax retrofit run configs/retrofit/smollm2.yaml`), is swax_lightning/pretrained/experiment.py.
 
 1. Attention transfer (LoLCATs' stage 1). The converted model is the teacher with every attention mixer replaced
@@ -34,8 +35,9 @@ Decisions:
   transfer learns what the teacher lacks (its feature maps; for L exactly feature_map_q, feature_map_k and
   window_factors, as LoLCATs' stage 1) and LoRA then adapts q/k/v/o (for L exactly those four, as LoLCATs' stage 2);
   `all` trains every student parameter in stage 1.
-- Output-scale calibration is for the D and X students, whose per-head output norms start at scale 1; an L student
-  has no output norm and starts at the teacher's scale.
+- Output-scale calibration is for the D and X students, whose per-head output norms start at scale 1, and for the
+  linear part of G and M, fitted to what their window leaves; an L student has no output norm and starts at the
+  teacher's scale. A G or M layer's window part is the teacher's attention, kept as it is in stage 1 like q/k/v/o.
 - Token budgets are config fields (transfer.tokens, lora.tokens): whole sequences of data.seq_len tokens, batches of
   data.batch_size, drawn in a seeded order from the training split of the data module's shards (the embedded
   corpus, or any source, tokenized with the teacher's own tokenizer, plus its generated recall documents), never
@@ -67,16 +69,20 @@ from swax_lightning.model.attention import Attention
 from swax_lightning.model.config import ModelConfig
 from swax_lightning.model.lolcats import LolcatsAttention
 from swax_lightning.model.model import SWAXModel
+from swax_lightning.model.window_linear import WindowPlusLinear
 from swax_lightning.pretrained.lora import add_lora, merge_lora
 
 MAPPED = ("q_proj", "k_proj", "v_proj", "out_proj")  # the student projections initialised from the teacher's
 FROM_TEACHER = (*MAPPED, "q_norm", "k_norm")  # every student part with a teacher counterpart (norms: L students)
 STUDENT_KINDS = {"D": "Gated DeltaNet", "X": "mLSTM",
                  "L": "LoLCATs: Hedgehog linear attention + 64-token softmax window",
+                 "G": "a 64-token softmax window + Gated DeltaNet", "M": "a 64-token softmax window + mLSTM",
                  "A": "the teacher's full attention, kept", "S": "the teacher's sliding-window attention, kept"}
 KEPT = ("A", "S")  # letters that keep the teacher's layer (each only where the teacher has that kind)
+WITH_TEACHER_ROPE = ("L", "G", "M")  # students holding the teacher's attention, with its full-attention RoPE
 TRAIN_CHOICES = ("new", "all")
 Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets) [B, T], as loss_mask.inputs_and_targets gives them
+Measure = Callable[[int, SWAXModel], None]  # (steps done, model in eval mode): one held-out point of a stage's curve
 
 
 @dataclass
@@ -152,9 +158,10 @@ def student_config(teacher: ModelConfig, pattern: str, **arch) -> ModelConfig:
         if letter in KEPT and letter != kind:
             raise ConfigError(f"student pattern {pattern!r} keeps layer {i} as {letter}, but the teacher's layer {i} "
                               f"is {kind} (keep it as {kind} or convert it)")
-        if letter == "L" and kind == "S" and teacher.sliding_rope_theta is not None:
-            raise ConfigError(f"student pattern {pattern!r} makes the teacher's local layer {i} an L layer, which "
-                              f"would rotate with the global layers' RoPE base: keep it (S) or convert it to D or X")
+        if letter in WITH_TEACHER_ROPE and kind == "S" and teacher.sliding_rope_theta is not None:
+            raise ConfigError(f"student pattern {pattern!r} makes the teacher's local layer {i} an {letter} layer, "
+                              f"which would rotate with the global layers' RoPE base: keep it (S) or convert it to "
+                              f"D or X")
     factor = teacher.n_heads * teacher.attn_head_dim / teacher.d_model
     shape = dict(deltanet_heads=teacher.n_heads, deltanet_qk_factor=factor, deltanet_v_factor=factor,
                  deltanet_conv=0, mlstm_heads=teacher.n_heads, mlstm_qk_factor=factor, mlstm_v_factor=factor)
@@ -175,6 +182,10 @@ def init_from_attention(student: nn.Module, attention: Attention) -> None:
     if isinstance(student, LolcatsAttention):
         _copy_attention(student, attention)
         return
+    if isinstance(student, WindowPlusLinear):
+        _copy_attention(student.local, attention)
+        init_from_attention(student.linear, attention)
+        return
     sources = {"q_proj": attention.q_proj.weight, "k_proj": _repeat_kv(attention.k_proj.weight, attention),
                "v_proj": _repeat_kv(attention.v_proj.weight, attention), "out_proj": attention.out_proj.weight}
     for name, weight in sources.items():
@@ -186,9 +197,9 @@ def init_from_attention(student: nn.Module, attention: Attention) -> None:
         target.copy_(weight)
 
 
-def _copy_attention(student: LolcatsAttention, attention: Attention) -> None:
-    """An L student takes the teacher's q/k/v/o (weights and biases) and q/k norms as they are: it has the teacher's
-    layout (student_config), key/value heads included."""
+def _copy_attention(student: nn.Module, attention: Attention) -> None:
+    """An L student, or the window of a G or M one, takes the teacher's q/k/v/o (weights and biases) and q/k norms
+    as they are: it has the teacher's layout (student_config), key/value heads included."""
     for name in FROM_TEACHER:
         for key, tensor in getattr(attention, name).state_dict().items():
             getattr(student, name).state_dict()[key].copy_(tensor)
@@ -234,7 +245,7 @@ def student_layers(model: SWAXModel) -> list[int]:
 def transfer_parameters(model: SWAXModel, train: str) -> list[nn.Parameter]:
     """What stage 1 trains: the students' new parameters (train "new") or all their parameters ("all")."""
     return [p for i in student_layers(model) for name, p in model.blocks[i].mixer.named_parameters()
-            if train == "all" or name.split(".")[0] not in FROM_TEACHER]
+            if train == "all" or not set(name.split(".")) & set(FROM_TEACHER)]
 
 
 # ---- stage 1: attention transfer -------------------------------------------------------------------------------------
@@ -266,10 +277,24 @@ def relative_mse(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor
 
 
 @torch.no_grad()
-def transfer_errors(teacher: SWAXModel, model: SWAXModel, idx: torch.Tensor) -> list[float]:
-    """Each student layer's relative MSE against its teacher layer on idx (e.g. held-out text)."""
-    inputs, outputs = mixer_io(teacher, idx)
+def transfer_errors(model: SWAXModel, inputs: list, outputs: list) -> list[float]:
+    """Each student layer's relative MSE against its teacher layer, on the teacher's mixer_io of some text (e.g. the
+    held-out sequences, captured once for every point of a curve)."""
     return [float(relative_mse(model.blocks[i].mixer(inputs[i]), outputs[i])) for i in student_layers(model)]
+
+
+def measured_steps(steps: int) -> list[int]:
+    """The steps after which a stage's held-out curve is measured: 0 (the start), every power of two below `steps`,
+    and `steps`: evenly spaced on a log axis of tokens, so the improvement per doubling reads off the last two."""
+    return [0] + [2**i for i in range(steps.bit_length()) if 2**i < steps] + ([steps] if steps else [])
+
+
+@torch.no_grad()
+def _measure(measure: Measure | None, points: list[int], step: int, model: SWAXModel) -> None:
+    if measure is not None and step in points:
+        model.eval()
+        measure(step, model)
+        model.train()
 
 
 @torch.no_grad()
@@ -284,7 +309,10 @@ def calibrate_output_scale(model: SWAXModel, inputs: list, outputs: list) -> lis
         if isinstance(mixer, LolcatsAttention):  # no output norm: the teacher's own scale from the start
             factors.append(1.0)
             continue
-        s, y = mixer(inputs[i]).float(), outputs[i].float()
+        y = outputs[i].float()
+        if isinstance(mixer, WindowPlusLinear):  # the linear part fits what the window leaves
+            y, mixer = y - mixer.local(inputs[i]).float(), mixer.linear
+        s = mixer(inputs[i]).float()
         factor = float((s * y).sum() / (s * s).sum().clamp_min(1e-12))
         mixer.norm.weight.mul_(factor)
         factors.append(factor)
@@ -316,9 +344,10 @@ def transfer_step(model: SWAXModel, inputs: list, outputs: list, optimizer: torc
 
 def attention_transfer(teacher: SWAXModel, students: dict[str, SWAXModel], batches: Iterator[Batch], steps: int,
                        cfg: TransferConfig, progress: Path, log: Callable[[str, int, float], None],
-                       bf16: bool = False) -> dict[str, list[float]]:
+                       bf16: bool = False, measure: dict[str, Measure] | None = None) -> dict[str, list[float]]:
     """Stage 1 for every student at once, `steps` batches, resuming from and saving to `progress`; returns each
-    student's loss per step. log(student, step, loss) after every step. bf16: forwards under bf16 autocast."""
+    student's loss per step. log(student, step, loss) after every step. bf16: forwards under bf16 autocast.
+    measure[student](steps done, model) at measured_steps (from the resume point on: a caller keeps its points)."""
     params = {name: transfer_parameters(model, cfg.train) for name, model in students.items()}
     optimizers = {name: torch.optim.AdamW(p, lr=cfg.lr, weight_decay=0.0) for name, p in params.items()}
     losses, start = _resume(progress, students, optimizers, {name: [] for name in students})
@@ -330,6 +359,9 @@ def attention_transfer(teacher: SWAXModel, students: dict[str, SWAXModel], batch
     for name in students:
         for p in params[name]:
             p.requires_grad_(True)
+    points, measure = measured_steps(steps), measure or {}
+    for name, model in students.items():
+        _measure(measure.get(name), points, start, model)
     for step in range(start, steps):
         idx, _ = next(batches)  # attention transfer matches layer outputs: the targets are not needed
         with forward_precision(idx.device, bf16):
@@ -339,6 +371,7 @@ def attention_transfer(teacher: SWAXModel, students: dict[str, SWAXModel], batch
                 calibrate_output_scale(model, inputs, outputs)
             losses[name].append(transfer_step(model, inputs, outputs, optimizers[name], bf16))
             log(name, step, losses[name][-1])
+            _measure(measure.get(name), points, step + 1, model)
         if (step + 1) % cfg.save_every == 0 and step + 1 < steps:
             _save_progress(progress, step + 1, students, optimizers, losses)
     for model in students.values():
@@ -350,10 +383,11 @@ def attention_transfer(teacher: SWAXModel, students: dict[str, SWAXModel], batch
 
 # ---- stage 2: LoRA ---------------------------------------------------------------------------------------------------
 def lora_finetune(model: SWAXModel, batches: Iterator[Batch], steps: int, cfg: LoRAConfig, progress: Path,
-                  log: Callable[[int, float], None], seed: int = 0, bf16: bool = False) -> list[float]:
+                  log: Callable[[int, float], None], seed: int = 0, bf16: bool = False,
+                  measure: Measure | None = None) -> list[float]:
     """Stage 2: adapters on every mixer's linear layers, `steps` batches (inputs, targets) of next-token loss, then
     merged into the weights; resumes from and saves to `progress`. Returns the loss per step. bf16: forwards under
-    bf16 autocast."""
+    bf16 autocast. measure(steps done, model with its adapters) at measured_steps, from the resume point on."""
     model.requires_grad_(False)
     for i, block in enumerate(model.blocks):
         add_lora(block.mixer, cfg.rank, cfg.alpha, seed=seed * 1_000_003 + i)
@@ -362,6 +396,8 @@ def lora_finetune(model: SWAXModel, batches: Iterator[Batch], steps: int, cfg: L
     losses, start = _resume(progress, {"model": model}, {"model": optimizer}, {"model": []})
     losses, batches = losses["model"], skip(batches, start)
     model.train()
+    points = measured_steps(steps)
+    _measure(measure, points, start, model)
     for step in range(start, steps):
         inputs, targets = next(batches)
         with forward_precision(inputs.device, bf16):
@@ -372,6 +408,7 @@ def lora_finetune(model: SWAXModel, batches: Iterator[Batch], steps: int, cfg: L
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
         log(step, losses[-1])
+        _measure(measure, points, step + 1, model)
         if (step + 1) % cfg.save_every == 0 and step + 1 < steps:
             _save_progress(progress, step + 1, {"model": model}, {"model": optimizer}, {"model": losses})
     merge_lora(model)
