@@ -22,18 +22,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
 
 transformers = pytest.importorskip("transformers")
 
+from swax_lightning.core.errors import InputError  # noqa: E402
 from swax_lightning.data.loss_mask import CONTEXT_ONLY, inputs_and_targets  # noqa: E402
 from swax_lightning.evals.essay import generated_essay  # noqa: E402
 from swax_lightning.model.config import ModelConfig  # noqa: E402
 from swax_lightning.model.model import SWAXModel  # noqa: E402
-from swax_lightning.pretrained import hf_import, retrofit  # noqa: E402
-from swax_lightning.pretrained.experiment import check_variants, read_config, write_converted  # noqa: E402
+from swax_lightning.pretrained import hf_import, report, retrofit  # noqa: E402
+from swax_lightning.pretrained.experiment import Curve, check_variants, read_config, write_converted  # noqa: E402
 from swax_lightning.pretrained.lora import LoRALinear, add_lora, merge_lora  # noqa: E402
 from swax_lightning.training.checkpoints import load_model  # noqa: E402
 from tests.hf_models import make_pretrained  # noqa: E402
@@ -178,14 +180,14 @@ def test_a_window_plus_linear_layer_streams_as_its_full_forward(letter, chunks):
     assert caches[0].local.k.shape[1] <= 8  # the window's cache holds the window, not the context
 
 
-@pytest.mark.parametrize("letter", ["G", "M"])
-def test_a_window_plus_linear_student_whose_linear_part_is_silent_is_training_free_swa(teacher, letter):
-    """The window part is the teacher's attention on W recent keys and no sinks: with the linear part's output at 0
-    the converted model is the training-free variant SWA(W, 0) exactly; with it on, it is not."""
+@pytest.mark.parametrize(("letter", "sinks"), [("G", 4), ("M", 4), ("G", 0)])
+def test_a_window_plus_linear_student_whose_linear_part_is_silent_is_training_free_swa(teacher, letter, sinks):
+    """The window part is the teacher's attention on W recent keys and the sinks: with the linear part's output at 0
+    the converted model is the training-free variant SWA(W, s) exactly; with it on, it is not."""
     model, _ = teacher
-    converted = retrofit.converted_model(model, letter, seed=0, lolcats_window=16)
+    converted = retrofit.converted_model(model, letter, seed=0, lolcats_window=16, window_sinks=sinks)
     swa = retrofit.converted_model(model, "A")
-    swa.convert_full_attention(16, 0)
+    swa.convert_full_attention(16, sinks)
     with torch.no_grad():
         assert not torch.allclose(converted(ids()), swa(ids()), atol=1e-3)
         for block in converted.blocks:
@@ -218,6 +220,20 @@ def test_the_linear_part_is_calibrated_to_what_the_window_leaves(teacher, letter
             window_alone = float(retrofit.relative_mse(block.mixer.local(inputs[i]), outputs[i]))
             both = float(retrofit.relative_mse(block.mixer(inputs[i]), outputs[i]))
             assert both <= window_alone + 1e-6 and window_alone > 0.01
+
+
+def test_the_curves_first_point_is_the_calibrated_start(teacher, tmp_path):
+    model, _ = teacher
+    cfg = retrofit.TransferConfig(tokens=2 * 2 * T, lr=1e-2, save_every=4)
+    held_out = retrofit.mixer_io(model, next(text_batches(99))[0])
+    student, curve = retrofit.converted_model(model, "M", seed=0, lolcats_window=8), {}
+    measure = {"m": lambda step, m: curve.__setitem__(step, retrofit.transfer_errors(m, *held_out))}
+    retrofit.attention_transfer(model, {"m": student}, text_batches(1), 2, cfg, tmp_path / "p.pt", lambda *_: None,
+                                measure=measure)
+    calibrated = retrofit.converted_model(model, "M", seed=0, lolcats_window=8)
+    retrofit.calibrate_output_scale(calibrated, *retrofit.mixer_io(model, next(text_batches(1))[0]))
+    assert curve[0] == retrofit.transfer_errors(calibrated, *held_out)
+    assert curve[0] != retrofit.transfer_errors(retrofit.converted_model(model, "M", 0, lolcats_window=8), *held_out)
 
 
 # ---- stage 1: attention transfer ------------------------------------------------------------------------------------
@@ -278,6 +294,18 @@ def test_the_curves_are_measured_at_doublings():
     assert retrofit.measured_steps(32) == [0, 1, 2, 4, 8, 16, 32]
     assert retrofit.measured_steps(6) == [0, 1, 2, 4, 6]
     assert retrofit.measured_steps(1) == [0, 1] and retrofit.measured_steps(0) == [0]
+
+
+def test_a_damaged_curve_or_result_file_is_named_not_a_traceback(tmp_path):
+    curve = tmp_path / "students" / "gdn" / "transfer-curve.json"
+    Curve(curve, 2 * T).add(0, [0.5])
+    assert Curve(curve, 2 * T).rows("by_layer") == [{"step": 0, "tokens": 0, "by_layer": [0.5]}]
+    curve.write_text('{"0": [0.5')  # cut short by hand
+    with pytest.raises(InputError, match=re.escape(str(curve))):
+        Curve(curve, 2 * T)
+    (tmp_path / "students" / "gdn" / "transfer.json").write_bytes(b"\xff\xfe")
+    with pytest.raises(InputError, match="transfer.json"):
+        report.students(tmp_path)
 
 
 def test_attention_transfer_resumes_exactly_with_its_held_out_curve(teacher, tmp_path):
@@ -452,6 +480,17 @@ def test_the_experiment_command_evaluates_every_variant_and_resumes(tmp_path):
     assert "attention transfer of" not in second.stdout and "LoRA of" not in second.stdout
 
 
+def test_auto_precision_trains_in_bf16_only_where_bf16_is_native(monkeypatch):
+    from swax_lightning.core import environment
+    from swax_lightning.pretrained.experiment import ExperimentConfig
+
+    for flags, native in (("fpu avx2 avx512f", False), ("fpu avx512f avx512_bf16", True), ("fpu amx_bf16", True)):
+        monkeypatch.setattr(environment, "_cpuinfo_field", lambda name, flags=flags: flags if name == "flags" else None)
+        assert ExperimentConfig(precision="auto").bf16 is native
+        assert ExperimentConfig(precision="auto", device="cuda").bf16 and ExperimentConfig(precision="bf16").bf16
+        assert not ExperimentConfig(precision="fp32", device="cuda").bf16
+
+
 def test_a_bad_experiment_field_is_one_line(tmp_path):
     config = experiment_config(tmp_path, "smollm2", transfer={"tokens": 0})
     for path, words in ((config, ("transfer.tokens", "must be >= 1")), (tmp_path / "missing.yaml", ("not found",))):
@@ -474,15 +513,15 @@ def test_a_window_beyond_the_teachers_positions_is_refused_before_any_training(t
     check_variants(read_config(experiment_config(tmp_path, "unused")), teacher_ckpt, None)  # windows 16, 1024: fine
 
 
-@pytest.mark.parametrize("name", ["smollm2.yaml", "smollm2_large.yaml", "gemma3.yaml"])
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs" / "retrofit").glob("*.yaml")))
 def test_the_shipped_experiment_configs_read_and_put_needles_inside_and_beyond_the_windows(name):
     # The configs as shipped pass every check of read_config (the suite's own included), and their NIAH grid has
-    # a depth whose needle ends the haystack (inside every window) and one at its start (beyond them): the
+    # a depth whose needle ends the haystack (inside every window) and one farther back than every window: the
     # comparison's reading needs both.
     cfg = read_config(ROOT / "configs" / "retrofit" / name)
     niah = cfg.evaluate.make_suite().evaluation("niah").settings
-    assert max(niah.depths) == 1.0 and min(niah.depths) == 0.0
-    assert max(cfg.evaluate.windows) < min(niah.lengths)  # depth 0: beyond every window
+    assert max(niah.depths) == 1.0
+    assert (1 - min(niah.depths)) * min(niah.lengths) > max(cfg.evaluate.windows)
 
 
 @pytest.mark.slow
@@ -548,3 +587,25 @@ def test_the_paper_ratio_is_none_and_says_why_when_no_retrofit_scored():
     assert "none: both 0 (0.0 / 0.0" in text and "none: every retrofit 0 (50.0 / 0.0" in text and "inf" not in text
     variants["retrofit-gdn"] = variant("retrofit-gdn", "retrofit", [100.0, 0.0, 0.0, 0.0])
     assert {r["window"]: r["niah"]["ratio"] for r in ratios(variants, 4)} == {64: 0.0, 512: 2.0}
+
+
+def test_the_paper_ratio_has_a_paired_bootstrap_interval():
+    from swax_lightning.pretrained.report import ratio_interval, ratio_lines, ratios
+
+    def variant(name, family, scores, window=None):
+        samples = [{"eval": "niah", "task": "t", "length": 1024, "depth": 1.0, "index": i, "score": s}
+                   for i, s in enumerate(scores)]
+        spec = {"name": name, "window": window, "n_sink": 4 if window else None}
+        return {"variant": {"family": family, "variant": spec}, "results": {"samples": samples}}
+
+    hits = [100.0] * 24 + [0.0] * 16
+    same = {"swa64-sink4": variant("swa64-sink4", "swa", hits, 64), "retrofit-l": variant("l", "retrofit", hits)}
+    assert ratios(same, 4)[0]["niah"]["ci95"] == [1.0, 1.0]  # one model against itself: every draw is 1
+    half = [100.0 if i % 2 else 0.0 for i in range(40)]  # 20 of 40, some on other prompts
+    entry = ratios({"swa64-sink4": same["swa64-sink4"], "retrofit-l": variant("l", "retrofit", half)}, 4)[0]["niah"]
+    low, high = entry["ci95"]
+    assert entry["ratio"] == pytest.approx(1.2) and low < 1.2 < high and high is not None
+    assert "1.20 [" in "\n".join(ratio_lines([{"window": 64, "sinks": 4, "niah": entry}]))
+    # Twice as many hits on 40 prompts each: an interval that excludes 1; one hit in 40: unbounded above.
+    assert ratio_interval(np.array([100.0] * 20 + [0.0] * 20), np.array([100.0] * 10 + [0.0] * 30))[0] > 1
+    assert ratio_interval(np.array(hits), np.array([100.0] + [0.0] * 39))[1] is None

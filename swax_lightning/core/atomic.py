@@ -4,6 +4,8 @@ A file or folder is built under a temporary sibling name (a dot, the name, the w
 only once complete, so a reader sees the old version or the new one, never a mix, and a crash leaves the old one.
 A file is replaced in one rename; a folder, which cannot be renamed over a non-empty one, goes through a short-lived
 `.old` sibling that is removed once the new folder is in place.
+- `read_json` reads such a file back and names it when it is not JSON (a file edited or damaged by hand): the
+  caller's one-line InputError, never a bare JSONDecodeError.
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from swax_lightning.core.errors import InputError
 
 
 def temporary_sibling(path: Path, tag: str | None = None) -> Path:
@@ -67,3 +71,11 @@ def write_text(path: str | Path, text: str) -> None:
 def write_json(path: str | Path, content: dict) -> None:
     """`content` as indented JSON, written atomically."""
     write_text(path, json.dumps(content, indent=2) + "\n")
+
+
+def read_json(path: str | Path) -> dict:
+    """The JSON object in `path`; InputError naming the file when it is unreadable or not JSON."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise InputError(f"{path} is not a readable JSON file ({err}); remove it to measure it again") from err

@@ -4,8 +4,8 @@ lm-evaluation-harness adapter, for comparing a pretrained model with its convert
 Tasks (4 choices each, chance 25%; one item = a prompt the model continues with one of the choices):
 - choice_capitals: "The capital of France is" -> Paris | Madrid | Ottawa | Cairo (what the model knows).
 - choice_opposites: "The opposite of hot is" -> cold | ... (word knowledge).
-- choice_sequences: "Monday, Tuesday, Wednesday," -> Thursday | ... (days, months, counting by 1, 2, 5 or 10,
-  letters).
+- choice_sequences: "Monday, Tuesday, Wednesday," -> Thursday | ... (days and months, wrapping around; counting
+  by 1, 2, 5 or 10; letters).
 - choice_in_context: "Anna has a red hat. Omar has a blue hat. ... The hat of Omar is" -> blue | red | ... (reading the
   prompt itself: four people, four colours, one asked).
 
@@ -18,7 +18,9 @@ Decisions:
   full-attention model on them, so SWA variants score what the model scores, by construction; a linear-attention
   retrofit changes every layer and may not.
 - The harness's multiple-choice scoring (acc: the choice of highest log-likelihood; acc_norm: per character), with
-  its target delimiter " " between prompt and choice. Distractors are drawn from the same list as the answer.
+  its target delimiter " " between prompt and choice. Distractors are drawn from the same list as the answer and,
+  for sequences, never from the prompt: no rule that ignores the task (always the first, the longest, the shortest,
+  the one in or not in the prompt, the most frequent answer) beats chance by more than 5 points (tests/test_choice.py).
 - Written as lm-eval task files (a YAML file per task, `dataset_path: json`, and its JSON-lines data), so the
   evaluation suite runs them as it runs any local task (`eval.lm_eval.tasks`, `eval.lm_eval.include_path`).
 """
@@ -57,6 +59,8 @@ SEQUENCES = {
     "letters": list("ABCDEFGHIJKLMNOPQRSTUVWXYZ"),
 }
 COUNT_STEPS = (1, 2, 5, 10)
+CYCLIC = ("days", "months")  # "Saturday, Sunday, Monday," goes on; the alphabet and counting do not
+NEAR = 8  # choice_sequences draws its distractors from the NEAR items closest to the answer, the prompt's excluded
 NAMES = ("Anna", "Omar", "Lucia", "Peter", "Rosa", "Tomas", "Elena", "Victor", "Nadia", "Hugo", "Ines", "Karl")
 COLOURS = ("red", "blue", "green", "black", "white", "yellow", "brown", "grey")
 THINGS = ("hat", "coat", "bag", "car", "bicycle", "scarf", "umbrella", "door")
@@ -102,14 +106,24 @@ def opposites(rng: random.Random) -> dict:
 def sequences(rng: random.Random) -> dict:
     kind = rng.choice([*sorted(SEQUENCES), "counting"])
     if kind == "counting":
-        step, first = rng.choice(COUNT_STEPS), rng.randint(1, 20)
-        items = [str(step * i) for i in range(first, first + 8)]
+        step = rng.choice(COUNT_STEPS)
+        items = [str(step * i) for i in range(1, 41)]
     else:
         items = SEQUENCES[kind]
-    shown = rng.randint(3, 4)
-    start = rng.randrange(len(items) - shown)
-    answer = items[start + shown]
-    return _item(", ".join(items[start:start + shown]) + ",", answer, items, rng)
+    start = rng.randrange(len(items) if kind in CYCLIC else len(items) - 4)
+    shown = 3 if len(items) < 8 else rng.randint(3, 4)  # a week has only three days left to offer as distractors
+    positions = [(start + i) % len(items) for i in range(shown + 1)]
+    answer = items[positions[-1]]
+    # Distractors: the items near the answer that the prompt does not show. Drawn from the prompt they would leave
+    # "the choice not in the prompt" as the answer; drawn near it, neither size nor position gives the answer away.
+    def distance(p: int) -> int:
+        d = abs(p - positions[-1])
+        return min(d, len(items) - d) if kind in CYCLIC else d
+    # An open sequence's first three items are never the answer: never a distractor either, or they would tell.
+    candidates = range(len(items)) if kind in CYCLIC else range(3, len(items))
+    near = sorted((p for p in candidates if p not in positions), key=distance)[:NEAR]
+    shown_items = [items[p] for p in positions[:-1]]
+    return _item(", ".join(shown_items) + ",", answer, [items[p] for p in near], rng)
 
 
 def in_context(rng: random.Random) -> dict:

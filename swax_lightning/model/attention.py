@@ -44,6 +44,11 @@ class Attention(nn.Module):
         self.kernel = cfg.kernels["attention"]
         add_projections(self, cfg)
 
+    def restrict_to_window(self, window: int, n_sink: int) -> None:
+        """Attend to the `window` most recent keys plus the first `n_sink` from now on: only the mask changes (the
+        RoPE base and the weights stay the ones this layer was built with), the training-free SWA conversion."""
+        self.sliding, self.window, self.n_sink = True, int(window), int(n_sink)
+
     def new_cache(self, batch: int, dtype: torch.dtype, device) -> WindowKVCache | FullKVCache:
         if self.sliding:
             return WindowKVCache(batch, self.window, self.n_sink, self.n_kv_heads, self.head_dim, dtype, device)

@@ -89,8 +89,10 @@ class ModelConfig:
         chunk_size: Chunk length of the chunkwise mLSTM and Gated DeltaNet forms.
         lolcats_window: Block length of the LoLCATs (L) layer's terraced softmax window: a query in block t // W sees
             its own block up to itself and the previous block with softmax (W + 1 .. 2 W keys), every earlier key
-            through its linear attention (LoLCATs: 64); and the plain sliding window (W recent keys, no sinks) of the
-            window + linear layers G and M (window_linear.py).
+            through its linear attention (LoLCATs: 64); and the sliding window (W recent keys plus window_sinks sinks)
+            of the window + linear layers G and M (window_linear.py).
+        window_sinks: Sink tokens of the G and M layers' window (4: a silent linear part leaves exactly the
+            training-free SWA(W, 4 sinks); without sinks a 64-key window alone is 4x further from SmolLM2's layers).
         lolcats_feature_dim: Hedgehog feature dimension F of the L layer's q and k maps, per head (2 F features:
             softmax of x W and of -x W; LoLCATs: 64).
         lolcats_feature_init: Initialisation of the L layer's feature-map matrices [head_dim, F]: identity (every
@@ -140,6 +142,7 @@ class ModelConfig:
     deltanet_conv: int = 0
     chunk_size: int = 64
     lolcats_window: int = 64
+    window_sinks: int = 4
     lolcats_feature_dim: int = 64
     lolcats_feature_init: str = "identity"
     norm_eps: float = 1e-6
@@ -156,6 +159,7 @@ class ModelConfig:
                      "chunk_size", "lolcats_window", "lolcats_feature_dim"):
             require(getattr(self, name) >= 1, f"ModelConfig.{name}", "must be >= 1", getattr(self, name))
         require(self.n_sink >= 0, "ModelConfig.n_sink", "must be >= 0", self.n_sink)
+        require(self.window_sinks >= 0, "ModelConfig.window_sinks", "must be >= 0", self.window_sinks)
         require(self.deltanet_conv >= 0, "ModelConfig.deltanet_conv", "must be >= 0 (0 = no short convolutions)",
                 self.deltanet_conv)
         letters = {letter: kind.name for letter, kind in LAYERS.items()}

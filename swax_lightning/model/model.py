@@ -186,7 +186,7 @@ class SWAXModel(nn.Module):
         check_window(self.cfg, window)
         recent = swa_window(window, n_sink, window_includes_sinks)
         for layer in self.attention_layers(sliding=False):
-            layer.sliding, layer.window, layer.n_sink = True, recent, int(n_sink)
+            layer.restrict_to_window(recent, n_sink)
 
     def new_caches(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> list:
         """Empty inference state, one per block, for the current window and sink settings."""

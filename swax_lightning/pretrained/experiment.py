@@ -47,6 +47,7 @@ import yaml
 
 from swax_lightning.core import atomic
 from swax_lightning.core.config_files import merged_config
+from swax_lightning.core.environment import cpu_has_native_bf16
 from swax_lightning.core.errors import ConfigError, require, usage_errors_reported
 from swax_lightning.core.safe_load import load_as_data
 from swax_lightning.evals import choice
@@ -127,7 +128,9 @@ class ExperimentConfig:
         import_dir: An existing import to use instead (its checkpoints/last.ckpt); empty = <out>/import.
         device: cpu or cuda.
         precision: Of the retrofit's training: bf16 (forwards under bf16 autocast, fp32 weights and optimizer: faster
-            on GPUs and on CPUs with AVX-512 BF16) or fp32. The evaluation's is evaluate.precision.
+            on GPUs and on CPUs with AVX-512 BF16 or AMX), fp32, or auto: bf16 on a GPU or such a CPU, else fp32 (on
+            a CPU without them bf16 is emulated: a transfer step ran 7x slower than in fp32). The evaluation's is
+            evaluate.precision.
         seed: Seed of the students' new weights, the data order and the adapters.
         held_out_sequences: Validation sequences (of data.seq_len tokens) the convergence curves are measured on:
             each layer's transfer error and the LoRA loss, the same sequences at every point.
@@ -143,7 +146,7 @@ class ExperimentConfig:
     out: str = "runs/retrofit/smollm2"
     import_dir: str | None = None
     device: str = "cpu"
-    precision: str = "bf16"
+    precision: str = "auto"
     seed: int = 0
     held_out_sequences: int = 4
     data: dict = field(default_factory=lambda: {"source": "embedded", "seq_len": 1024, "batch_size": 1})
@@ -154,7 +157,8 @@ class ExperimentConfig:
 
     def __post_init__(self) -> None:
         require(self.device in ("cpu", "cuda"), "device", "must be cpu or cuda", self.device)
-        require(self.precision in PRECISIONS, "precision", f"must be one of {PRECISIONS}", self.precision)
+        require(self.precision in (*PRECISIONS, "auto"), "precision", f"must be one of {(*PRECISIONS, 'auto')}",
+                self.precision)
         require(bool(self.students), "students", "must name at least one retrofit", self.students)
         require(self.held_out_sequences >= 1, "held_out_sequences", "must be >= 1", self.held_out_sequences)
         require("tokenizer" not in self.data, "data.tokenizer", "is the model's own: leave it out",
@@ -164,6 +168,9 @@ class ExperimentConfig:
 
     @property
     def bf16(self) -> bool:
+        """Whether the retrofit's training forwards run under bf16 autocast (precision, with auto resolved)."""
+        if self.precision == "auto":
+            return self.device == "cuda" or cpu_has_native_bf16()
         return self.precision == "bf16"
 
     @property
@@ -240,7 +247,7 @@ class Clock:
 
     def __init__(self, path: Path):
         self.path = path
-        self.times = json.loads(path.read_text()) if path.is_file() else {}
+        self.times = atomic.read_json(path) if path.is_file() else {}
 
     @staticmethod
     def now() -> tuple[float, float]:
@@ -293,7 +300,7 @@ def train_students(cfg: ExperimentConfig, teacher_ckpt: Path, data, clock: Clock
     if pending:
         start = Clock.now()
         run_transfer(cfg, teacher, data, pending)
-        clock.record("attention transfer", start)
+        clock.record(f"attention transfer ({', '.join(pending)})", start)  # a student added later: its own entry
     for name, spec in cfg.students.items():
         if not (student_folder(cfg, name) / "checkpoints" / LAST).is_file():
             start = Clock.now()
@@ -320,7 +327,7 @@ class Curve:
 
     def __init__(self, path: Path, tokens_per_step: int):
         self.path, self.tokens_per_step = path, tokens_per_step
-        self.points = {int(k): v for k, v in json.loads(path.read_text()).items()} if path.is_file() else {}
+        self.points = {int(k): v for k, v in atomic.read_json(path).items()} if path.is_file() else {}
 
     def add(self, step: int, value) -> None:
         self.points[step] = value
@@ -341,8 +348,8 @@ def run_transfer(cfg: ExperimentConfig, teacher, data, specs: dict) -> None:
     measure = {name: lambda step, model, name=name: curves[name].add(step, retrofit.transfer_errors(model, *held_out))
                for name in students}
     steps = retrofit.steps_for(cfg.transfer.tokens, cfg.batch_size, cfg.seq_len)
-    print(f"attention transfer of {', '.join(students)}: {steps} steps of {cfg.batch_size} x {cfg.seq_len} tokens",
-          flush=True)
+    print(f"attention transfer of {', '.join(students)}: {steps} steps of {cfg.batch_size} x {cfg.seq_len} tokens"
+          f" ({'bf16 autocast' if cfg.bf16 else 'fp32'})", flush=True)
     writers = {name: _writer(cfg, name) for name in students}
     started, latest = time.perf_counter(), {}
 
@@ -416,7 +423,7 @@ def run_lora(cfg: ExperimentConfig, teacher, teacher_ckpt: Path, data, name: str
     summary = {"steps": steps, "tokens": steps * cfg.batch_size * cfg.seq_len, "budget_tokens": cfg.lora.tokens,
                "rank": cfg.lora.rank, "alpha": cfg.lora.alpha, "lr": cfg.lora.lr,
                "held_out_loss_curve": curve.rows("loss"), "teacher_held_out_loss": teacher_loss, "train_loss": losses}
-    write_converted(model, teacher_ckpt, folder, {"transfer": json.loads((folder / "transfer.json").read_text()),
+    write_converted(model, teacher_ckpt, folder, {"transfer": atomic.read_json(folder / "transfer.json"),
                                                   "lora": summary})
     atomic.write_json(folder / "lora.json", summary)
     atomic.remove(curve.path)
@@ -442,7 +449,7 @@ def evaluate_variant(cfg: ExperimentConfig, variant: Variant, ckpt: Path, data, 
     folder, settings = cfg.folder / "variants" / variant.name, evaluation_settings(cfg)
     again = ""
     if (folder / DONE).is_file():
-        if json.loads((folder / DONE).read_text()).get("settings") == settings:
+        if atomic.read_json(folder / DONE).get("settings") == settings:
             return "done before"
         (folder / DONE).unlink()  # evaluated under other settings: its results would not be this config's
         again = " again (evaluate's settings changed)"
@@ -525,7 +532,8 @@ def decode_metrics(decode: dict) -> dict:
 # ---- the command -----------------------------------------------------------------------------------------------------
 def run(cfg: ExperimentConfig) -> str:
     cfg.folder.mkdir(parents=True, exist_ok=True)
-    atomic.write_text(cfg.folder / "experiment.yaml", yaml.safe_dump(asdict(cfg), sort_keys=False))
+    settings = asdict(cfg) | {"training_precision": "bf16" if cfg.bf16 else "fp32"}  # `auto` as this machine reads it
+    atomic.write_text(cfg.folder / "experiment.yaml", yaml.safe_dump(settings, sort_keys=False))
     clock, started = Clock(cfg.folder / "timings.json"), time.perf_counter()
     teacher_ckpt = teacher_checkpoint(cfg, clock)
     tokenizer_file = read_checkpoint(teacher_ckpt)["datamodule_hyper_parameters"]["tokenizer"]

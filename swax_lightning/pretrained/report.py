@@ -12,6 +12,9 @@ Decisions:
   over the lengths (and tasks), and the multiple-choice "mean" pools every item of every task.
 - The ratio of the paper's claim: for each window, SWA(w, s) with the largest sink count over the best retrofit (the
   one with the highest pooled score), on NIAH and on BABILong; no ratio (said why) when the best retrofit scored 0.
+  Its 95% interval is a paired bootstrap (BOOTSTRAP_DRAWS resamples of the prompts, the same draw for both variants:
+  they answered the same prompts); a draw where the retrofit scores 0 has an unbounded ratio, so an upper end that
+  falls on such draws is written "unbounded".
 - Convergence is read off the held-out curves the stages measure at 0, 1, 2, 4, ... steps: a stage has converged
   when the last doubling of its tokens improved its held-out measure (the layers' mean relative MSE; the LoRA loss)
   by less than 2% (FLAT); otherwise the report says it did not, and by how much the last doubling still improved it.
@@ -22,14 +25,17 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from swax_lightning.core import atomic
 from swax_lightning.evals.reports import cell, lengths_of, show
 
 STYLE = {"full": ("black", "-"), "swa+sinks": (None, "-"), "swa": (None, "--"), "retrofit": (None, ":")}
+BOOTSTRAP_DRAWS = 4000  # resamples of the paired bootstrap of each ratio (seeded: the report repeats exactly)
 FLAT = 0.02  # converged: the last doubling of a stage's tokens improved its held-out measure by less than this
 
 
@@ -37,8 +43,8 @@ def load_variants(folder: Path) -> dict[str, dict]:
     """name -> {"results", "variant"} of every finished variant, in the order the experiment runs them."""
     out = {}
     for done in (folder / "variants").glob("*/variant.json"):
-        info = json.loads(done.read_text())
-        out[done.parent.name] = {"variant": info, "results": json.loads((done.parent / "results.json").read_text())}
+        info = atomic.read_json(done)
+        out[done.parent.name] = {"variant": info, "results": atomic.read_json(done.parent / "results.json")}
     order = {"full": 0, "swa+sinks": 1, "swa": 2, "retrofit": 3}
     return dict(sorted(out.items(), key=lambda kv: (order[kv[1]["variant"]["family"]],
                                                     kv[1]["variant"]["variant"].get("window") or 0, kv[0])))
@@ -85,7 +91,7 @@ def longest_niah(variant_info: dict) -> dict | None:
 
 def ratios(variants: dict, sinks: int) -> list[dict]:
     """Per window: SWA(w, sinks) pooled score over the best retrofit's, on NIAH and BABILong."""
-    retrofits = [v for v in variants.values() if v["variant"]["family"] == "retrofit"]
+    retrofits = {name: v for name, v in variants.items() if v["variant"]["family"] == "retrofit"}
     rows = []
     for name, v in variants.items():
         spec = v["variant"]["variant"]
@@ -94,15 +100,47 @@ def ratios(variants: dict, sinks: int) -> list[dict]:
         row = {"window": spec["window"], "sinks": sinks, "variant": name}
         for evaluation in ("niah", "babilong"):
             swa = pooled(v["results"], evaluation)
-            best = max(((pooled(r["results"], evaluation) or {"mean": math.nan})["mean"], r["variant"]["variant"]
-                        ["name"]) for r in retrofits) if retrofits else (math.nan, None)
+            best = max(((pooled(r["results"], evaluation) or {"mean": math.nan})["mean"], key)
+                       for key, r in retrofits.items()) if retrofits else (math.nan, None)
             if swa is None or math.isnan(best[0]):
                 continue
             ratio = swa["mean"] / best[0] if best[0] > 0 else None  # no ratio to a retrofit that scored 0
-            row[evaluation] = {"swa": swa["mean"], "best_retrofit": best[0], "best_retrofit_variant": best[1],
-                               "ratio": ratio}
+            paired = paired_scores(v["results"], retrofits[best[1]]["results"], evaluation)
+            interval = ratio_interval(*paired) if ratio is not None and paired else None
+            row[evaluation] = {"swa": swa["mean"], "best_retrofit": best[0],
+                               "best_retrofit_variant": retrofits[best[1]]["variant"]["variant"]["name"],
+                               "ratio": ratio, "ci95": interval}
         rows.append(row)
     return rows
+
+
+def paired_scores(a: dict, b: dict, evaluation: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """Two variants' scores on the same prompts of `evaluation`, matched by task, length, depth and index; None when
+    they did not answer the same prompts (another grid)."""
+    def keyed(results: dict) -> dict:
+        seen: Counter = Counter()
+        out = {}
+        for s in results["samples"]:
+            if s["eval"] == evaluation:
+                key = (s.get("task"), s.get("length"), s.get("depth"), s.get("index"))
+                out[(*key, seen[key])], seen[key] = s["score"], seen[key] + 1
+        return out
+    ka, kb = keyed(a), keyed(b)
+    if not ka or ka.keys() != kb.keys():
+        return None
+    keys = list(ka)
+    return np.array([ka[k] for k in keys]), np.array([kb[k] for k in keys])
+
+
+def ratio_interval(swa: np.ndarray, retrofit: np.ndarray, draws: int = BOOTSTRAP_DRAWS) -> list:
+    """95% paired-bootstrap interval [low, high] of mean(swa) / mean(retrofit); high is None (unbounded) when more
+    than 2.5% of the draws have a retrofit mean of 0."""
+    picks = np.random.default_rng(0).integers(0, len(swa), size=(draws, len(swa)))
+    numerator, denominator = swa[picks].mean(axis=1), retrofit[picks].mean(axis=1)
+    ratio = np.full(draws, np.inf)
+    np.divide(numerator, denominator, out=ratio, where=denominator > 0)
+    low, high = np.quantile(ratio, [0.025, 0.975], method="inverted_cdf")
+    return [float(low), float(high) if np.isfinite(high) else None]
 
 
 def _ratio_text(entry: dict | None) -> str:
@@ -110,6 +148,9 @@ def _ratio_text(entry: dict | None) -> str:
         return ""
     if entry["ratio"] is not None:
         ratio = f"{entry['ratio']:.2f}"
+        if entry.get("ci95"):
+            low, high = entry["ci95"]
+            ratio += f" [{low:.2f}, {'unbounded' if high is None else f'{high:.2f}'}]"
     else:
         ratio = "none: both 0" if entry["swa"] == 0 else "none: every retrofit 0"
     return f"{ratio} ({entry['swa']:.1f} / {entry['best_retrofit']:.1f}, {entry['best_retrofit_variant']})"
@@ -124,8 +165,8 @@ def students(folder: Path) -> dict[str, dict]:
     out = {}
     for path in sorted((folder / "students").glob("*/transfer.json")):
         lora = path.parent / "lora.json"
-        out[path.parent.name] = {"transfer": json.loads(path.read_text()),
-                                 "lora": json.loads(lora.read_text()) if lora.is_file() else {}}
+        out[path.parent.name] = {"transfer": atomic.read_json(path),
+                                 "lora": atomic.read_json(lora) if lora.is_file() else {}}
     return out
 
 
@@ -246,8 +287,8 @@ def ratio_lines(rows: list[dict]) -> list[str]:
     if not rows:
         return []
     return ["## SWA with sinks over the best retrofit\n",
-            "Pooled score of SWA(w, s) divided by the best retrofit's (the paper claims 2-10x on NIAH and BABILong); "
-            "in brackets the two scores and the retrofit.\n",
+            "Pooled score of SWA(w, s) divided by the best retrofit's (the paper claims 2-10x on NIAH and BABILong), "
+            "with its 95% paired-bootstrap interval; in parentheses the two scores and the retrofit.\n",
             *_table(["window", "sinks", "NIAH", "BABILong"],
                     [[str(r["window"]), str(r["sinks"]), _ratio_text(r.get("niah")), _ratio_text(r.get("babilong"))]
                      for r in rows]), ""]
@@ -255,17 +296,18 @@ def ratio_lines(rows: list[dict]) -> list[str]:
 
 def header_lines(folder: Path) -> list[str]:
     cfg = yaml.safe_load((folder / "experiment.yaml").read_text()) if (folder / "experiment.yaml").is_file() else {}
-    times = json.loads((folder / "timings.json").read_text()) if (folder / "timings.json").is_file() else {}
+    times = atomic.read_json(folder / "timings.json") if (folder / "timings.json").is_file() else {}
     wall, cpu = (sum(t[key] for t in times.values()) for key in ("wall", "cpu"))
     threads = max((t["threads"] for t in times.values()), default=1)
     steps = ", ".join(f"{step} {t['wall'] / 60:.1f}" for step, t in times.items())
     evaluate = cfg.get("evaluate", {})
     students = ", ".join(f"{name} ({spec['pattern']})" for name, spec in cfg.get("students", {}).items())
+    training = cfg.get("training_precision", cfg.get("precision"))
     return ["# Pretrained model: training-free SWA with sinks against linear-attention retrofits\n",
             f"Model: {cfg.get('source', '?')}; students: {students}; SWA windows "
             f"{evaluate.get('windows')} with sinks {evaluate.get('sinks')} (window_includes_sinks "
             f"{evaluate.get('window_includes_sinks')}).\n",
-            f"Precision: training {cfg.get('precision')}, evaluation {evaluate.get('precision')}; device "
+            f"Precision: training {training}, evaluation {evaluate.get('precision')}; device "
             f"{cfg.get('device')}. Time: {wall / 60:.1f} min in all "
             f"(minutes per step: {steps}); CPU time {cpu / 60:.1f} min on {threads} threads.\n"]
 
