@@ -369,12 +369,17 @@ def test_sigterm_ends_every_rank_of_a_hung_run_with_one_line(tmp_path, data_dir)
     assert lines == {rank: f"error: rank {rank}: SIGTERM during validate: stopped" for rank in (0, 1)}, stderr[-3000:]
 
 
-def test_torchrun_with_fewer_processes_than_devices_is_one_line_per_rank(tmp_path, data_dir):
+def test_torchrun_with_fewer_processes_than_devices_is_one_clear_line(tmp_path, data_dir):
+    """Each rank checks its world before any collective and says why in one line. torchrun stops the other rank as
+    soon as the first one exits, so the second copy of the line may or may not make it out: one or two copies, never
+    a traceback."""
     run = _run(_torchrun(1, 0, _free_port(), "fit", "--config", CONFIG, "--trainer.devices", "4",
                          "--trainer.strategy", "fsdp2", *_common(tmp_path, data_dir, tmp_path / "records")))
     assert run.returncode != 0
     errors = [line for line in run.stderr.splitlines() if line.startswith("error: ")]
-    assert errors == ["error: trainer.devices (4) x trainer.num_nodes (1) = 4 ranks, but the launcher "
-                      "(TorchElasticEnvironment) started 2 processes: set devices and num_nodes to what it starts "
-                      "(e.g. torchrun --nproc-per-node = devices, --nnodes = num_nodes)"] * 2, run.stderr[-3000:]
+    expected = {"error: trainer.devices (4) x trainer.num_nodes (1) = 4 ranks, but the launcher "
+                "(TorchElasticEnvironment) started 2 processes: set devices and num_nodes to what it starts "
+                "(e.g. torchrun --nproc-per-node = devices, --nnodes = num_nodes)"}
+    assert set(errors) == expected, run.stderr[-3000:]
+    assert len(errors) in (1, 2), errors
     assert "[rank0]: Traceback" not in run.stderr
