@@ -50,7 +50,6 @@ Decisions:
 """
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -360,21 +359,16 @@ def attention_transfer(teacher: SWAXModel, students: dict[str, SWAXModel], batch
     for name in students:
         for p in params[name]:
             p.requires_grad_(True)
-    if start == 0 and steps > 0 and cfg.calibrate:  # before the curve's first point: that point is the start
-        first = next(batches)
-        batches = itertools.chain([first], batches)
-        with forward_precision(first[0].device, bf16):
-            inputs, outputs = mixer_io(teacher, first[0])
-        for model in students.values():
-            calibrate_output_scale(model, inputs, outputs)
     points, measure = measured_steps(steps), measure or {}
-    for name, model in students.items():
-        _measure(measure.get(name), points, start, model)
     for step in range(start, steps):
         idx, _ = next(batches)  # attention transfer matches layer outputs: the targets are not needed
         with forward_precision(idx.device, bf16):
             inputs, outputs = mixer_io(teacher, idx)
         for name, model in students.items():
+            if step == 0 and cfg.calibrate:
+                calibrate_output_scale(model, inputs, outputs)
+            if step == start:  # the curve's first point is the calibrated start (or the resume point)
+                _measure(measure.get(name), points, step, model)
             losses[name].append(transfer_step(model, inputs, outputs, optimizers[name], bf16))
             log(name, step, losses[name][-1])
             _measure(measure.get(name), points, step + 1, model)
