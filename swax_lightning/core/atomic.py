@@ -73,9 +73,9 @@ def write_json(path: str | Path, content: dict) -> None:
     write_text(path, json.dumps(content, indent=2) + "\n")
 
 
-def read_json(path: str | Path) -> dict:
-    """The JSON object in `path`; InputError naming the file when it is unreadable or not JSON."""
+def read_json(path: str | Path, remedy: str = "remove it to measure it again") -> dict:
+    """The JSON in `path`; InputError naming the file and the remedy when it is unreadable or not JSON."""
     try:
         return json.loads(Path(path).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise InputError(f"{path} is not a readable JSON file ({err}); remove it to measure it again") from err
+        raise InputError(f"{path} is corrupt ({err}): {remedy}") from err

@@ -542,10 +542,7 @@ def read_meta(data_dir: Path) -> dict:
     if not path.exists():
         raise FileNotFoundError(f"no shards in {data_dir} ({path} missing): set `source` to build them, or point "
                                 f"data_dir at a folder written by this data module")
-    try:
-        meta = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise InputError(f"{path} is corrupt ({err}): delete {data_dir} to prepare the shards again") from err
+    meta = atomic.read_json(path, f"delete {data_dir} to prepare the shards again")
     if not isinstance(meta, dict) or "sha256" not in meta:
         raise InputError(f"{path} is not a shard description written by this version (no 'sha256' checksums): "
                          f"delete {data_dir} to prepare the shards again")

@@ -17,6 +17,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from swax_lightning.core import atomic
 from swax_lightning.core.errors import InputError
 
 
@@ -24,10 +25,7 @@ def read_index(split_dir: Path) -> dict:
     index = split_dir / "index.json"
     if not index.exists():
         raise FileNotFoundError(f"shard index missing: {index}")
-    try:
-        return json.loads(index.read_text())
-    except json.JSONDecodeError as err:
-        raise InputError(f"shard index is corrupt: {index} ({err})") from err
+    return atomic.read_json(index, f"delete {split_dir.parent} to prepare the shards again")
 
 
 def split_tokens(split_dir: Path) -> int:
