@@ -568,14 +568,17 @@ def test_the_experiment_command_on_the_real_gemma3_with_lolcats_in_its_global_la
     assert student["pattern"] == "SSSSSL"
 
 
+def variant(name, family, scores, window=None):
+    """A finished variant of the experiment that scored `scores` on NIAH prompts 0, 1, ... of one cell."""
+    samples = [{"eval": "niah", "task": "t", "length": 1024, "depth": 1.0, "index": i, "score": s}
+               for i, s in enumerate(scores)]
+    spec = {"name": name, "window": window, "n_sink": 4 if window else None}
+    return {"variant": {"family": family, "variant": spec}, "results": {"samples": samples}}
+
+
 def test_the_paper_ratio_is_none_and_says_why_when_no_retrofit_scored():
     # A window-only SWA and two retrofits that all miss every needle gave "inf (0.0 / 0.0)": no ratio exists there.
     from swax_lightning.pretrained.report import ratio_lines, ratios
-
-    def variant(name, family, scores, window=None):
-        samples = [{"eval": "niah", "score": s} for s in scores]
-        spec = {"name": name, "window": window, "n_sink": 4 if window else None}
-        return {"variant": {"family": family, "variant": spec}, "results": {"samples": samples}}
 
     variants = {"swa64-sink4": variant("swa64-sink4", "swa", [0.0, 0.0], 64),
                 "swa512-sink4": variant("swa512-sink4", "swa", [100.0, 0.0], 512),
@@ -591,12 +594,6 @@ def test_the_paper_ratio_is_none_and_says_why_when_no_retrofit_scored():
 
 def test_the_paper_ratio_has_a_paired_bootstrap_interval():
     from swax_lightning.pretrained.report import ratio_interval, ratio_lines, ratios
-
-    def variant(name, family, scores, window=None):
-        samples = [{"eval": "niah", "task": "t", "length": 1024, "depth": 1.0, "index": i, "score": s}
-                   for i, s in enumerate(scores)]
-        spec = {"name": name, "window": window, "n_sink": 4 if window else None}
-        return {"variant": {"family": family, "variant": spec}, "results": {"samples": samples}}
 
     hits = [100.0] * 24 + [0.0] * 16
     same = {"swa64-sink4": variant("swa64-sink4", "swa", hits, 64), "retrofit-l": variant("l", "retrofit", hits)}

@@ -61,6 +61,7 @@ from swax_lightning.training.runs import checkpoint_identity
 
 DONE = "variant.json"  # written last in a variant's folder: the variant is finished
 PRECISIONS = ("bf16", "fp32")
+TRAINING_PRECISIONS = (*PRECISIONS, "auto")  # auto: bf16 where this machine computes bf16 natively
 SUITE_FIXED = ("window", "n_sink", "convert_full_attention", "window_includes_sinks", "lm_eval",
                "output_dir")  # set per variant, not in evaluate.suite
 
@@ -157,7 +158,7 @@ class ExperimentConfig:
 
     def __post_init__(self) -> None:
         require(self.device in ("cpu", "cuda"), "device", "must be cpu or cuda", self.device)
-        require(self.precision in (*PRECISIONS, "auto"), "precision", f"must be one of {(*PRECISIONS, 'auto')}",
+        require(self.precision in TRAINING_PRECISIONS, "precision", f"must be one of {TRAINING_PRECISIONS}",
                 self.precision)
         require(bool(self.students), "students", "must name at least one retrofit", self.students)
         require(self.held_out_sequences >= 1, "held_out_sequences", "must be >= 1", self.held_out_sequences)

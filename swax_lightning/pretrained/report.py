@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -118,13 +117,8 @@ def paired_scores(a: dict, b: dict, evaluation: str) -> tuple[np.ndarray, np.nda
     """Two variants' scores on the same prompts of `evaluation`, matched by task, length, depth and index; None when
     they did not answer the same prompts (another grid)."""
     def keyed(results: dict) -> dict:
-        seen: Counter = Counter()
-        out = {}
-        for s in results["samples"]:
-            if s["eval"] == evaluation:
-                key = (s.get("task"), s.get("length"), s.get("depth"), s.get("index"))
-                out[(*key, seen[key])], seen[key] = s["score"], seen[key] + 1
-        return out
+        return {(s.get("task"), s.get("length"), s.get("depth"), s.get("index")): s["score"]
+                for s in results["samples"] if s["eval"] == evaluation}
     ka, kb = keyed(a), keyed(b)
     if not ka or ka.keys() != kb.keys():
         return None
