@@ -284,6 +284,21 @@ def test_an_unsupported_family_is_refused_naming_it(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_folder_that_names_its_own_code_is_refused_without_running_it(tmp_path):
+    folder, marker = tmp_path / "custom", tmp_path / "ran"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "custom_llama", "auto_map": {
+        "AutoConfig": "configuration_custom.CustomConfig", "AutoModelForCausalLM": "modeling_custom.CustomModel"}}))
+    (folder / "configuration_custom.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    write_tokenizer(folder, bos=False)
+    # "y" waits on stdin: transformers' question (trust_remote_code unset) would read it and run the code.
+    result = subprocess.run([sys.executable, "-m", "swax_lightning", "import", str(folder), "--out",
+                             str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, input="y\n",
+                            timeout=600)
+    one_line_error(result, "transformers cannot read the config of")
+    assert not marker.exists() and not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("field, value", [("mlp_bias", True), ("attention_bias", True), ("hidden_act", "gelu")])
 def test_an_unsupported_field_is_refused_naming_it(field, value):
     config = transformers.LlamaConfig(**SIZES, **{field: value})

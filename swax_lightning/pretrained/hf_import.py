@@ -30,7 +30,8 @@ Decisions:
 - transformers reads the source (`AutoModelForCausalLM.from_pretrained`, with `gguf_file=` for GGUF: its reader
   de-quantizes to fp32 through the gguf package): one reader for both formats, and the reference the tests compare
   logits with. Weights keep the dtype the source has (bf16 stays bf16; the model loads them into fp32 parameters,
-  exactly); a GGUF's de-quantized weights are fp32.
+  exactly); a GGUF's de-quantized weights are fp32. trust_remote_code=False: a folder whose config.json names its
+  own Python code (auto_map) is refused in one line, never run, and transformers never asks on a terminal.
 - The checkpoint is what `main.py fit` writes, read by the one loader (checkpoints.load_model): the weights under
   `model.` (SWAXModel's names), hyper_parameters as LanguageModule saves them (arch = the ModelConfig), and the data
   hyper-parameters as TextDataModule records them: the tokenizer.json beside the checkpoint (absolute path) and its
@@ -152,12 +153,12 @@ def load_pretrained(source: str | Path):
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     except ImportError as err:
         raise ConfigError(f"swax import needs transformers: {INSTALL}") from err
-    where = {"pretrained_model_name_or_path": path}
+    where = {"pretrained_model_name_or_path": path, "trust_remote_code": False}  # never the folder's own code
     if path.suffix == ".gguf":
         for package in GGUF_PACKAGES:
             if importlib.util.find_spec(package) is None:
                 raise ConfigError(f"reading a GGUF file needs the {package} package: {INSTALL}")
-        where = {"pretrained_model_name_or_path": path.parent, "gguf_file": path.name}
+        where |= {"pretrained_model_name_or_path": path.parent, "gguf_file": path.name}
     model_config(_read(path, "config", AutoConfig.from_pretrained, **where))
     if path.suffix == ".gguf":
         check_gguf_types(path)
