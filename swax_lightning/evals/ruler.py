@@ -16,9 +16,11 @@ Decisions:
 - The queried needle sits at the requested depth, measured in characters of the haystack (0 = first, 1 = last), for
   every haystack (RULER places needles at random in the noise and needle haystacks); other needles of the sample go to
   seeded random places. Everything is a pure function of (seed, task, length, depth, index).
-- Depths: RULER's grid of 40 evenly spaced depths (depth_grid). With a few depths that include 1.0, a model that sees
-  only its last W tokens finds the needle right before the question in one sample of five and scores 20 at any
-  length; over 40 depths its score is the share of the haystack inside its window (tests/evals/test_ruler.py).
+- Depths: RULER's grid of 40 evenly spaced depths (depth_grid), kept exact (i / 39) where RULER rounds it to whole
+  percents (np.round(np.linspace(0, 100, 40))): each depth is within half a point of RULER's. With a few depths
+  that include 1.0, a model that sees only its last W tokens finds the needle right before the question in one
+  sample of five and scores 20 at any length; over 40 depths its score is the share of the haystack inside its
+  window (tests/evals/test_ruler.py).
 - The essay haystack is generated prose (essay.py: no training corpus here holds it) unless a text is given; key
   words come from words.txt beside this file.
 - In the suite (`eval.niah`, class NIAH), needle depths follow RULER's grid (40 evenly spaced depths by default) and

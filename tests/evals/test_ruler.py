@@ -98,6 +98,8 @@ def test_depth_grid():
     grid = ruler.depth_grid()
     assert len(grid) == 40 and grid[0] == 0.0 and grid[-1] == 1.0
     assert all(abs((b - a) - 1 / 39) < 1e-5 for a, b in zip(grid, grid[1:]))
+    rulers_own = [round(100 * i / 39) for i in range(40)]  # RULER's whole percents (no .5 ties: 100 i / 39 never is)
+    assert max(abs(100 * d - r) for d, r in zip(grid, rulers_own)) <= 0.5
 
 
 W = 256
