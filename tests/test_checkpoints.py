@@ -26,7 +26,7 @@ def data_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("data") / "shards")
 
 
-def _fit(tmp, data_dir, max_steps, lr=1e-2, callbacks=(), every=0, val_every=2, guard="stop"):
+def _fit(tmp, data_dir, max_steps, lr=1e-2, callbacks=(), every=0, val_every=2, guard="stop", ckpt_path=None):
     L.seed_everything(0)
     module = LanguageModule(arch=TINY, optim=dict(lr=lr, warmup_steps=0))
     trainer = L.Trainer(
@@ -35,7 +35,8 @@ def _fit(tmp, data_dir, max_steps, lr=1e-2, callbacks=(), every=0, val_every=2, 
         enable_progress_bar=False, enable_model_summary=False,
         callbacks=[*callbacks, ModelCheckpoint(dirpath=f"{tmp}/ckpt", monitor="val/loss"),
                    LatestCheckpoint(every_n_train_steps=every), NumericsGuard(action=guard)])
-    trainer.fit(module, TextDataModule(source="embedded", data_dir=data_dir, seq_len=64, batch_size=2))
+    trainer.fit(module, TextDataModule(source="embedded", data_dir=data_dir, seq_len=64, batch_size=2),
+                ckpt_path=ckpt_path)
     return trainer, module
 
 
@@ -50,6 +51,21 @@ def test_last_checkpoint_is_the_final_step_not_the_last_validation(tmp_path, dat
     for name, value in module.state_dict().items():
         assert torch.equal(saved["state_dict"][name], value), name
     assert not list((tmp_path / "ckpt").glob(".*"))  # no temporary file left behind
+
+
+def test_last_checkpoint_records_the_best_checkpoint_that_exists_and_a_resume_leaves_no_orphan(tmp_path, data_dir):
+    def model_checkpoint_state(saved):
+        [state] = [v for k, v in saved["callbacks"].items() if k.startswith("ModelCheckpoint")]
+        return state
+
+    trainer, _ = _fit(tmp_path, data_dir, max_steps=6, val_every=2)  # validations at steps 2, 4, 6; top-1 kept
+    best = Path(trainer.checkpoint_callback.best_model_path)
+    recorded = model_checkpoint_state(_last(tmp_path))
+    assert Path(recorded["best_model_path"]) == best and best.is_file(), (recorded["best_model_path"], best)
+    _fit(tmp_path, data_dir, max_steps=10, val_every=2, ckpt_path=str(tmp_path / "ckpt" / LAST))
+    state = model_checkpoint_state(_last(tmp_path))
+    kept = sorted(p.name for p in (tmp_path / "ckpt").glob("*.ckpt") if p.name != LAST)
+    assert kept == [Path(state["best_model_path"]).name], kept  # exactly the best; no file from before the resume
 
 
 def test_non_finite_loss_stops_with_the_step_named_and_keeps_the_last_finite_checkpoint(tmp_path, data_dir):

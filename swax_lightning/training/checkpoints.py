@@ -10,7 +10,10 @@ LatestCheckpoint (a callback, listed in the trainer configs) writes <checkpoint 
   and the validation runs again;
 - never with non-finite weights (all ranks check their shards and agree; the old last.ckpt stays and a warning names
   the step);
-- atomically (atomic.py): written beside the old one and renamed over it, for files and distributed folders.
+- atomically (atomic.py): written beside the old one and renamed over it, for files and distributed folders;
+- after ModelCheckpoint's save of the same validation (Lightning calls checkpoint callbacks last, so LatestCheckpoint
+  has them save first): the best path last.ckpt records exists and is the best, and a resume tracks (and so cleans
+  up) every top-k file.
 
 Loading: `read_checkpoint` reads a single-file checkpoint or says in one line why it cannot (a distributed folder,
 with the consolidation command; a missing or unreadable file); `load_model` rebuilds the model with the architecture
@@ -68,6 +71,8 @@ class LatestCheckpoint(Callback):
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            for callback in trainer.checkpoint_callbacks:  # Lightning runs them after us: their save goes first, so
+                callback.on_validation_end(trainer, pl_module)  # last.ckpt records it (their own call then skips)
             self.save(trainer, pl_module)
 
     def on_train_end(self, trainer, pl_module) -> None:
