@@ -376,14 +376,16 @@ def test_a_babilong_length_too_short_is_refused_before_niah_runs(tmp_path, tiny_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("problem", ["vocabulary", "missing data folder", "corrupt meta.json", "tiny corpus"])
+@pytest.mark.parametrize("problem", ["vocabulary", "missing data folder", "corrupt meta.json", "tiny corpus",
+                                     "nothing to resume"])
 def test_start_up_errors_after_parsing_are_one_line(tmp_path, problem):
     """Errors found once the classes are built or the data is read were 37-47-line tracebacks with exit 1; each is
     one `error:` line naming the field or file, exit 2, before any long work."""
     args = {"vocabulary": ["--model.arch.vocab_size", "200"],
             "missing data folder": ["--data.source", "null", "--data.data_dir", str(tmp_path / "nowhere")],
             "corrupt meta.json": ["--data.data_dir", str(tmp_path / "bad")],
-            "tiny corpus": ["--data.source", str(tmp_path / "docs"), "--data.data_dir", str(tmp_path / "small")]}
+            "tiny corpus": ["--data.source", str(tmp_path / "docs"), "--data.data_dir", str(tmp_path / "small")],
+            "nothing to resume": ["--ckpt_path", "last"]}
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad/meta.json").write_text('{"seq_len": 3')
     (tmp_path / "docs").mkdir()
@@ -392,7 +394,7 @@ def test_start_up_errors_after_parsing_are_one_line(tmp_path, problem):
     fit = _main("fit", *_overrides(tmp_path), *args[problem], "--trainer.max_steps", "1", cwd=tmp_path)
     expected = {"vocabulary": "model.arch.vocab_size = 200 is smaller than the 257 ids of data.tokenizer 'byte'",
                 "missing data folder": "no shards in", "corrupt meta.json": "meta.json is corrupt",
-                "tiny corpus": "split of"}
+                "tiny corpus": "split of", "nothing to resume": "--ckpt_path last: there is no "}
     assert fit.returncode == 2 and expected[problem] in _one_error_line(fit.stderr), fit.stderr[-2000:]
     assert "Traceback" not in fit.stderr
     assert not (tmp_path / "data").exists()  # nothing prepared for the vocabulary case

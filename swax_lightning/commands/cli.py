@@ -48,6 +48,7 @@ from swax_lightning.training.checkpoints import (
     LatestCheckpoint,
     check_tokenizer,
     read_checkpoint,
+    refuse_nothing_to_resume,
     refuse_unloadable_checkpoint,
 )
 from swax_lightning.training.module import LanguageModule, check_architecture
@@ -145,11 +146,13 @@ class SwaxCLI(LightningCLI):
         distributed checkpoint given to a strategy that cannot load it, a model-parallel mesh that is not
         data-parallel over every rank, a launch whose ranks would never all come (strategy.check_launch), a kernel
         backend the trainer's device or precision cannot run (ModelConfig.check_run), a vocabulary smaller than the
-        tokenizer's (check_vocabulary), and an evaluation window beyond a pretrained model's positions."""
+        tokenizer's (check_vocabulary), `--ckpt_path last` with no last.ckpt, and an evaluation window beyond a
+        pretrained model's positions."""
         try:
             super().instantiate_classes()
             if self.subcommand:
                 refuse_unloadable_checkpoint(self.config[self.subcommand].get("ckpt_path"), self.trainer.strategy)
+                refuse_nothing_to_resume(self.config[self.subcommand].get("ckpt_path"), self.trainer)
                 refuse_replica_mesh(self.trainer.strategy)
                 check_launch(self.trainer.strategy)
             self.model.arch.check_run(self.trainer.strategy.root_device.type, self.trainer.precision,

@@ -195,6 +195,15 @@ def load_model(ckpt_path: str | Path, device: str = "cpu"):
 
 # ---- consolidation ------------------------------------------------------------------------------------------------
 
+def refuse_nothing_to_resume(ckpt_path, trainer) -> None:
+    """`--ckpt_path last` where no LatestCheckpoint has written last.ckpt: Lightning warns and trains from scratch
+    into the old run's folder; here it is one line."""
+    places = [c.folder(trainer) / LAST for c in trainer.callbacks if isinstance(c, LatestCheckpoint)]
+    if ckpt_path == "last" and places and not any(place.exists() for place in places):
+        raise ConfigError(f"--ckpt_path last: there is no {', '.join(map(str, places))} to resume from: leave "
+                          f"--ckpt_path out to start this run")
+
+
 def refuse_unloadable_checkpoint(ckpt_path, strategy) -> None:
     """A distributed checkpoint loads only under a sharding strategy (any number of processes): say so, with the
     consolidation command, instead of failing inside torch.load."""
