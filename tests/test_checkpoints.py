@@ -1,7 +1,9 @@
 """last.ckpt is always the newest finite state, and the numerics guard stops (or skips) non-finite steps without
 letting a NaN model replace a good checkpoint (one process, tiny model, in-process Lightning runs). The one checkpoint
 loader checks the tokenizer by content, for every command that loads a checkpoint (run as a user types them)."""
+import errno
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,9 +11,11 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from fsspec.implementations.local import LocalFileOpener
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
+from swax_lightning.core.errors import InputError
 from swax_lightning.data.datamodule import TextDataModule
 from swax_lightning.training.checkpoints import LAST, LatestCheckpoint
 from swax_lightning.training.module import LanguageModule
@@ -66,6 +70,33 @@ def test_last_checkpoint_records_the_best_checkpoint_that_exists_and_a_resume_le
     state = model_checkpoint_state(_last(tmp_path))
     kept = sorted(p.name for p in (tmp_path / "ckpt").glob("*.ckpt") if p.name != LAST)
     assert kept == [Path(state["best_model_path"]).name], kept  # exactly the best; no file from before the resume
+
+
+@pytest.mark.parametrize("fills_at", ["ModelCheckpoint", "last.ckpt"])
+def test_a_save_that_fails_for_lack_of_space_leaves_no_half_written_file_and_says_so(tmp_path, data_dir,
+                                                                                      monkeypatch, fills_at):
+    """The disk fills during the step-4 validation's saves (first ModelCheckpoint's file, then last.ckpt's
+    temporary one): half of the bytes reach the file, then ENOSPC, as a full disk does."""
+    write, target = LocalFileOpener.write, {"ModelCheckpoint": "step=4.ckpt", "last.ckpt": ".last.ckpt.tmp"}[fills_at]
+    full = {"at": None}
+
+    def write_until_full(self, data):
+        if full["at"] is not None and target in str(self.path):
+            write(self, data[:len(data) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return write(self, data)
+
+    class DiskFillsAtStep4(Callback):
+        def on_validation_start(self, trainer, pl_module):
+            full["at"] = 4 if trainer.global_step == 4 else None
+
+    monkeypatch.setattr(LocalFileOpener, "write", write_until_full)
+    with pytest.raises(InputError, match=r"step 4: saving .* failed \(No space left on device\)"):
+        _fit(tmp_path, data_dir, max_steps=6, val_every=2, callbacks=[DiskFillsAtStep4()])
+    assert _last(tmp_path)["global_step"] == 2  # the good state stays
+    left = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert left == (["epoch=0-step=2.ckpt", LAST] if fills_at == "ModelCheckpoint"
+                    else ["epoch=0-step=4.ckpt", LAST]), left  # no half-written or temporary file
 
 
 def test_non_finite_loss_stops_with_the_step_named_and_keeps_the_last_finite_checkpoint(tmp_path, data_dir):

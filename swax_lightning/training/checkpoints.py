@@ -10,7 +10,8 @@ LatestCheckpoint (a callback, listed in the trainer configs) writes <checkpoint 
   and the validation runs again;
 - never with non-finite weights (all ranks check their shards and agree; the old last.ckpt stays and a warning names
   the step);
-- atomically (atomic.py): written beside the old one and renamed over it, for files and distributed folders;
+- atomically (atomic.py): written beside the old one and renamed over it, for files and distributed folders; a save
+  that fails (a full disk) removes its temporary file and ends the run in one line;
 - after ModelCheckpoint's save of the same validation (Lightning calls checkpoint callbacks last, so LatestCheckpoint
   has them save first): the best path last.ckpt records exists and is the best, and a resume tracks (and so cleans
   up) every top-k file.
@@ -72,7 +73,10 @@ class LatestCheckpoint(Callback):
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.state.fn == "fit" and not trainer.sanity_checking:
             for callback in trainer.checkpoint_callbacks:  # Lightning runs them after us: their save goes first, so
-                callback.on_validation_end(trainer, pl_module)  # last.ckpt records it (their own call then skips)
+                try:                                            # last.ckpt records it (their own call then skips)
+                    callback.on_validation_end(trainer, pl_module)
+                except OSError as err:  # Lightning writes through an fsspec transaction: nothing half-written stays
+                    raise _save_failed(trainer.global_step, f"a checkpoint in {callback.dirpath}", err) from err
             self.save(trainer, pl_module)
 
     def on_train_end(self, trainer, pl_module) -> None:
@@ -92,7 +96,11 @@ class LatestCheckpoint(Callback):
             folder.mkdir(parents=True, exist_ok=True)
             atomic.remove(tmp)
         trainer.strategy.barrier("LatestCheckpoint.clean")
-        trainer.save_checkpoint(tmp)  # every rank writes its shard; ends with a barrier
+        try:
+            trainer.save_checkpoint(tmp)  # every rank writes its shard; ends with a barrier
+        except OSError as err:  # a full disk, a lost mount: no half-written file stays beside the good one
+            atomic.remove(tmp)
+            raise _save_failed(step, str(final), err) from err
         if trainer.is_global_zero:
             atomic.replace(tmp, final)
         trainer.strategy.barrier("LatestCheckpoint.replace")
@@ -105,6 +113,11 @@ class LatestCheckpoint(Callback):
         if trainer.checkpoint_callback is not None and trainer.checkpoint_callback.dirpath:
             return Path(trainer.checkpoint_callback.dirpath)
         return run_folder(trainer) / "checkpoints"
+
+
+def _save_failed(step: int, what: str, err: OSError) -> InputError:
+    return InputError(f"step {step}: saving {what} failed ({err.strerror or err}); {LAST} keeps the state before, "
+                      f"and no half-written file is left")
 
 
 def _validation_due(trainer) -> bool:
