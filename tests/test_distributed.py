@@ -26,6 +26,7 @@ distributed checkpoint given to a 1-process run is one clear error line.
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -277,6 +278,18 @@ def consolidated(two_rank_run):
     run = _run([sys.executable, "-m", "swax_lightning", "consolidate", str(_ckpt(two_rank_run)), "--out", str(full)])
     assert run.returncode == 0 and full.is_file(), run.stderr[-2000:]
     return full
+
+
+def test_a_damaged_shard_is_one_line_naming_the_checkpoint(tmp_path, two_rank_run):
+    damaged = tmp_path / "last.ckpt"
+    shutil.copytree(_ckpt(two_rank_run), damaged)
+    shard = sorted(damaged.glob("*.distcp"))[0]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])  # truncated, as a full disk or a copy cut
+    run = _run([sys.executable, "-m", "swax_lightning", "consolidate", str(damaged)])
+    errors = [line for line in run.stderr.splitlines() if line.strip()]
+    assert run.returncode == 2 and len(errors) == 1, run.stderr[-3000:]
+    assert errors[0].startswith(f"error: cannot read the shards of distributed checkpoint {damaged}")
+    assert not damaged.with_name("last-full.ckpt").exists()
 
 
 def test_sharded_test_on_an_uneven_split_scores_what_one_process_scores(tmp_path, data_dir, two_rank_run,

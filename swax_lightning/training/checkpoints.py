@@ -231,6 +231,7 @@ def refuse_unloadable_checkpoint(ckpt_path, strategy) -> None:
 def consolidate(folder: str | Path, out: str | Path) -> Path:
     """Write the single-file equivalent of the distributed checkpoint `folder` to `out` (atomically)."""
     from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
@@ -242,8 +243,9 @@ def consolidate(folder: str | Path, out: str | Path) -> Path:
     try:  # read every shard into full tensors, without a process group
         _load_state_dict(shards, storage_reader=FileSystemReader(folder), planner=_EmptyStateDictLoadPlanner(),
                          no_dist=True)
-    except Exception as err:
-        raise ValueError(f"cannot read the shards of distributed checkpoint {folder}: {err}") from err
+    except (Exception, CheckpointException) as err:  # a damaged shard raises the latter, a BaseException
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise InputError(f"cannot read the shards of distributed checkpoint {folder}: {first}") from err
     checkpoint["state_dict"] = shards.pop("state_dict")
     optimizers = sorted((k for k in shards if k.startswith("optimizer_")), key=lambda k: int(k.split("_")[1]))
     checkpoint["optimizer_states"] = [_keyed_by_index(shards[k]) for k in optimizers]
