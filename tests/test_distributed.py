@@ -382,6 +382,29 @@ def test_sigterm_ends_every_rank_of_a_hung_run_with_one_line(tmp_path, data_dir)
     assert lines == {rank: f"error: rank {rank}: SIGTERM during validate: stopped" for rank in (0, 1)}, stderr[-3000:]
 
 
+def test_a_frozen_rank_ends_the_run_in_one_line_and_does_not_outlive_it(tmp_path, data_dir):
+    """SIGSTOP on rank 1 (the process rank 0 launched) once it trains: rank 0's watchdog ends the run after
+    collective_timeout with one line, and stops rank 1 first, which a SIGTERM alone cannot (it is frozen)."""
+    strategy = ('{"class_path": "swax_lightning.training.strategy.FSDP2Strategy", '
+                '"init_args": {"collective_timeout": 10}}')
+    run = _start([sys.executable, str(ROOT / "main.py"), "fit", "--config", CONFIG, "--trainer.devices", "2",
+                  "--trainer.strategy", strategy, *_common(tmp_path, data_dir, tmp_path / "records"),
+                  "--trainer.max_steps", "1000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while not list((tmp_path / "records").glob("rank1-pid*.json")) and run.poll() is None:
+        assert time.monotonic() < deadline, "rank 1 never trained"
+        time.sleep(0.2)
+    [record] = (tmp_path / "records").glob("rank1-pid*.json")
+    rank1 = int(record.stem.split("pid")[1])
+    os.kill(rank1, signal.SIGSTOP)
+    [(_, stderr)] = _finish(run, timeout=120)
+    assert run.returncode == 1 and "error: rank 0: no progress in train" in stderr, stderr[-3000:]
+    assert "Traceback" not in stderr
+    stat = Path(f"/proc/{rank1}/stat")
+    state = stat.read_text().rsplit(")", 1)[1].split()[0] if stat.exists() else "gone"
+    assert state in ("gone", "Z"), f"rank 1 is left in state {state}"  # Z: ended, waiting for a reaper
+
+
 def test_torchrun_with_fewer_processes_than_devices_is_one_clear_line(tmp_path, data_dir):
     """Each rank checks its world before any collective and says why in one line. torchrun stops the other rank as
     soon as the first one exits, so the second copy of the line may or may not make it out: one or two copies, never

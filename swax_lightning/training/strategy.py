@@ -32,7 +32,6 @@ Decisions:
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -46,7 +45,7 @@ from swax_lightning.training.watchdog import Watchdog, collective_failure
 
 DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
 PROCESS_GROUP_MARGIN_S = 60.0  # the process group's timeout is the watchdog's plus this: the watchdog speaks first
-SIGTERM_WAIT_S = 10.0  # how long rank 0 waits, on SIGTERM, for the ranks it launched to end
+SIGTERM_WAIT_S = 10.0  # how long rank 0, ending, waits for the ranks it launched to end on SIGTERM (then SIGKILL)
 # Strategy methods that run one step of a loop: the watchdog's beats, when each starts and ends.
 STEPS = ("training_step", "backward", "optimizer_step", "validation_step", "test_step", "predict_step")
 
@@ -160,7 +159,7 @@ class FSDP2Strategy(ModelParallelStrategy):
 
         self._setup_distributed()
         if self.watchdog is None:
-            self.watchdog = Watchdog(self.global_rank, self.collective_timeout, on_sigterm=self._pass_sigterm_on)
+            self.watchdog = Watchdog(self.global_rank, self.collective_timeout, on_end=self._stop_launched_ranks)
             self.watchdog.start()
         names = ("shard",) if self.sharding == "full" else ("replicate", "shard")
         self._device_mesh = init_device_mesh(self.root_device.type, self.mesh_shape, mesh_dim_names=names)
@@ -170,15 +169,19 @@ class FSDP2Strategy(ModelParallelStrategy):
     def distributed_sampler_kwargs(self) -> dict:
         return {"num_replicas": self.world_size, "rank": self.global_rank}
 
-    def _pass_sigterm_on(self) -> None:
+    def _stop_launched_ranks(self) -> None:
         """Under Lightning's launcher (rank 0: the node's other ranks are its children), SIGTERM for them too, and
-        a wait for them to end on it: a rank 0 that left at once would break their collectives first."""
+        a wait for them to end on it (a rank 0 that left at once would break their collectives first); one that
+        did not end by then is frozen (SIGSTOP, a hung device) and gets SIGKILL: nothing outlives the run."""
         if self.launcher is None:
             return
         self.launcher.kill(signal.SIGTERM)
         for process in getattr(self.launcher, "procs", []):
-            with contextlib.suppress(subprocess.TimeoutExpired):
+            try:
                 process.wait(timeout=SIGTERM_WAIT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
     def _beat(self) -> None:
         stage = self.lightning_module.trainer.state.stage

@@ -11,7 +11,8 @@ Decisions:
   timeout (gloo then raises; NCCL's own watchdog tears the process down), so only another thread can end it with one
   line, and at a time of our choosing. With no
   beat for `timeout` seconds while watching, it writes `error: rank R: no progress in <phase> for T s ...` to stderr
-  and ends the process with status 1 (os._exit: the main thread is stuck, so nothing else could run).
+  and ends the process with status 1 (os._exit: the main thread is stuck, so nothing else could run), after stopping
+  the processes it launched (`on_end`, as for SIGTERM below: a frozen child rank would outlive it).
 - Watching is on inside Lightning's loops (train, sanity_check, validate, test, predict), from the first step on, and
   off before it (start-up, data preparation, checksums, checkpoint loading: bounded by the process group's own
   timeout, which FSDP2Strategy sets a minute longer), after teardown, and on rank 0 during the evaluation suite
@@ -21,7 +22,7 @@ Decisions:
 - SIGTERM: Lightning's handler sets a flag its loops read between batches, so a rank blocked in a collective never
   stopped (`timeout` without -k). Python's C-level handler writes the signal number to a wakeup fd even while the
   main thread is blocked, and the thread reads it: `error: rank R: SIGTERM during <phase>`, status 143 (128 + 15),
-  after passing SIGTERM on to the processes this one launched (`on_sigterm`: Lightning's launcher, on rank 0). Forked
+  after passing SIGTERM on to the processes this one launched (`on_end`: Lightning's launcher, on rank 0). Forked
   children (data loader workers) drop the wakeup fd, so their own SIGTERM (the loader stopping them) is not taken for
   this process's.
 - A collective that fails instead of hanging (gloo sees the connection to a rank that ended close; NCCL raises
@@ -50,11 +51,12 @@ class Watchdog:
     Args:
         rank: Global rank, named in the line.
         timeout: Seconds without a beat that end the process.
-        on_sigterm: Called on SIGTERM before the process ends (e.g. pass it on to launched processes).
+        on_end: Called before the process ends, on SIGTERM or a timeout (e.g. stop the processes it launched: a
+            frozen child rank would outlive it).
     """
 
-    def __init__(self, rank: int, timeout: float, on_sigterm: Callable[[], None] = lambda: None):
-        self.rank, self.timeout, self.on_sigterm = rank, timeout, on_sigterm
+    def __init__(self, rank: int, timeout: float, on_end: Callable[[], None] = lambda: None):
+        self.rank, self.timeout, self.on_end = rank, timeout, on_end
         self.phase, self.watching, self._last_beat = "setup", False, time.monotonic()
         self._ending = threading.Lock()  # taken for good by the first caller of `end`
         self._wakeup_read, self._wakeup_write = os.pipe()
@@ -90,12 +92,12 @@ class Watchdog:
         while True:
             ready, _, _ = select.select([self._wakeup_read], [], [], POLL_S)
             if ready and signal.SIGTERM in os.read(self._wakeup_read, 512):
-                self.end(SIGTERM_STATUS, f"SIGTERM during {self.phase}: stopped", first=self.on_sigterm)
+                self.end(SIGTERM_STATUS, f"SIGTERM during {self.phase}: stopped", first=self.on_end)
             idle = time.monotonic() - self._last_beat
             if self.watching and idle >= self.timeout:
                 self.end(1, f"no progress in {self.phase} for {idle:.0f} s: a collective is waiting for a rank that "
                             f"stopped or took another path; stopped (FSDP2Strategy.collective_timeout = "
-                            f"{self.timeout:g} s)")
+                            f"{self.timeout:g} s)", first=self.on_end)
 
 
 def collective_failure(error: BaseException) -> str | None:
