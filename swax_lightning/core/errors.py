@@ -23,6 +23,11 @@ class InputError(ValueError):
     The message names the file or folder and what to do; commands report it in one line."""
 
 
+def first_line(err: BaseException) -> str:
+    """The first line of a library's error message (its name when empty): what a one-line report quotes."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
 def require(ok: bool, field_name: str, rule: str, value) -> None:
     """Raises ConfigError "<field_name> <rule> (got <value>)" unless ok: every config check names its field this way."""
     if not ok:

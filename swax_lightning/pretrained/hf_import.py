@@ -62,7 +62,7 @@ import torch
 import yaml
 
 from swax_lightning.core.atomic import written_atomically
-from swax_lightning.core.errors import ConfigError, usage_errors_reported
+from swax_lightning.core.errors import ConfigError, first_line, usage_errors_reported
 from swax_lightning.data.tokenizer import HFTokenizer
 from swax_lightning.model.config import ModelConfig
 from swax_lightning.model.model import SWAXModel
@@ -172,8 +172,7 @@ def _read(path: Path, what: str, reader, **kwargs):
     try:
         return reader(**kwargs)
     except (NotImplementedError, ValueError, OSError, KeyError, RuntimeError) as err:
-        message = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise ConfigError(f"transformers cannot read the {what} of {path}: {message}") from err
+        raise ConfigError(f"transformers cannot read the {what} of {path}: {first_line(err)}") from err
 
 
 def check_gguf_types(path: Path) -> None:

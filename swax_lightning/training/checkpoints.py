@@ -41,7 +41,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from swax_lightning.core import atomic
-from swax_lightning.core.errors import ConfigError, InputError
+from swax_lightning.core.errors import ConfigError, InputError, first_line
 from swax_lightning.core.safe_load import load_as_data
 from swax_lightning.data.tokenizer import load_tokenizer
 from swax_lightning.training.runs import run_folder
@@ -206,8 +206,6 @@ def load_model(ckpt_path: str | Path, device: str = "cpu"):
     return model_from_checkpoint(read_checkpoint(ckpt_path, device), ckpt_path)
 
 
-# ---- consolidation ------------------------------------------------------------------------------------------------
-
 def refuse_nothing_to_resume(ckpt_path, trainer) -> None:
     """`--ckpt_path last` where no LatestCheckpoint has written last.ckpt: Lightning warns and trains from scratch
     into the old run's folder; here it is one line."""
@@ -216,6 +214,8 @@ def refuse_nothing_to_resume(ckpt_path, trainer) -> None:
         raise ConfigError(f"--ckpt_path last: there is no {', '.join(map(str, places))} to resume from: leave "
                           f"--ckpt_path out to start this run")
 
+
+# ---- consolidation ------------------------------------------------------------------------------------------------
 
 def refuse_unloadable_checkpoint(ckpt_path, strategy) -> None:
     """A distributed checkpoint loads only under a sharding strategy (any number of processes): say so, with the
@@ -244,8 +244,7 @@ def consolidate(folder: str | Path, out: str | Path) -> Path:
         _load_state_dict(shards, storage_reader=FileSystemReader(folder), planner=_EmptyStateDictLoadPlanner(),
                          no_dist=True)
     except (Exception, CheckpointException) as err:  # a damaged shard raises the latter, a BaseException
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise InputError(f"cannot read the shards of distributed checkpoint {folder}: {first}") from err
+        raise InputError(f"cannot read the shards of distributed checkpoint {folder}: {first_line(err)}") from err
     checkpoint["state_dict"] = shards.pop("state_dict")
     optimizers = sorted((k for k in shards if k.startswith("optimizer_")), key=lambda k: int(k.split("_")[1]))
     checkpoint["optimizer_states"] = [_keyed_by_index(shards[k]) for k in optimizers]
