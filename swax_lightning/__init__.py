@@ -7,6 +7,7 @@ family goes.
 """
 __version__ = "0.1.0"  # the one place of the version (pyproject.toml reads it)
 
-from swax_lightning.core import moved
+from swax_lightning.core import kernels_name, moved
 
+kernels_name.install()  # an installed `kernels` (Hugging Face's) is never shadowed by kernels/ (core/kernels_name.py)
 moved.install()  # the flat layout's module names answer with their new homes (core/moved.py)

@@ -57,8 +57,36 @@ def test_a_second_checkout_imports_its_own_model_and_kernels(tmp_path, installed
                              "print(naive.EDITED_IN_THE_CLONE)"], cwd=clone, capture_output=True, text=True,
                             timeout=120)
     assert edited.stdout.strip() == "True", edited.stderr
-    top_level = subprocess.run([sys.executable, "-c", "import kernels"], cwd=tmp_path, capture_output=True)
-    assert top_level.returncode != 0  # no top-level `kernels` import name
+    top_level = subprocess.run([sys.executable, "-c", "import kernels; print(kernels.__file__)"], cwd=tmp_path,
+                               capture_output=True, text=True)
+    found = Path(top_level.stdout.strip()).resolve() if top_level.returncode == 0 else None
+    assert found is None or not any(found.is_relative_to((c / "kernels").resolve()) for c in (clone, ROOT)), found
+    # no top-level `kernels` import name of ours (Hugging Face's kernels package, where installed, may hold it)
+
+
+@pytest.mark.parametrize("entry", ["-c", "script"], ids=["python -c from the root", "a script at the root"])
+def test_an_installed_kernels_package_is_never_shadowed_by_the_checkouts_kernels_folder(tmp_path, entry):
+    """transformers >= 5.25 imports Hugging Face's `kernels` package; run from the checkout's root (main.py, pytest),
+    the root's kernels/ folder took that name. A stand-in package behind the root on sys.path must be the one found,
+    while swax_lightning.kernels stays the checkout's own."""
+    site = tmp_path / "site"
+    (site / "kernels").mkdir(parents=True)
+    (site / "kernels" / "__init__.py").write_text("CUDAProperties = 'installed'\n")
+    code = ("import swax_lightning, swax_lightning.kernels.backends\n"
+            "from kernels import CUDAProperties\n"
+            "print(CUDAProperties, swax_lightning.kernels.__file__)\n")
+    script = ROOT / f"probe_{tmp_path.name}.py"
+    args = ["-c", code] if entry == "-c" else [str(script)]
+    if entry == "script":
+        script.write_text(code)
+    try:
+        out = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "PYTHONPATH": str(site)})
+    finally:
+        script.unlink(missing_ok=True)
+    assert out.returncode == 0, out.stderr
+    installed, own = out.stdout.split()
+    assert installed == "installed" and Path(own).resolve().is_relative_to(ROOT / "kernels"), out.stdout
 
 
 def test_the_model_and_an_exported_folder_load_without_lightning_or_jsonargparse(tmp_path):
