@@ -26,10 +26,16 @@ Decisions:
   (RMT-team/babilong-1k-samples, 999-1,000 rows per task): its bytes per row on the dataset card, less the row's
   question and target (booydar/babilong's evaluation files list them for the same rows) and Arrow's three 4-byte
   offsets. tests/evals/test_babilong.py holds the generator within 10% of each.
-- Lengths are in the model's tokens: the filler is sized so the prompt fills `length - max_new_tokens` tokens; length 0
-  means the facts alone. The official splits are named in GPT-2 tokens (0k, 1k, ... 128k, 512k, 1M), which cannot be
-  counted offline here; each sample records its characters and an estimate of its GPT-2 tokens (characters / 4, the
-  usual ratio of GPT-2's BPE on English prose) beside its exact count in model tokens.
+- The answer budget is set in characters (`answer_chars`, 80 by default: BABILong's scripts generate 20 tokens of a
+  GPT-2-like tokenizer, about 4 characters each) and turned into tokens for the model's tokenizer: the tokens of that
+  many characters of the task's own example answers (SmolLM2's BPE: 13-19 by task; a byte tokenizer: 80). Generation
+  stops there, or as soon as the answer's first sentence has ended: the official rule reads nothing after it, so
+  stopping there changes no score and saves the decode steps. A byte-level model answering in the official format
+  is therefore not cut to `The most recent loca` as a budget of 20 tokens would cut it.
+- Lengths are in the model's tokens: the filler is sized so the prompt fills `length` less the answer's tokens;
+  length 0 means the facts alone. The official splits are named in GPT-2 tokens (0k, 1k, ... 128k, 512k, 1M), which
+  cannot be counted offline here; each sample records its characters and an estimate of its GPT-2 tokens
+  (characters / 4, the usual ratio of GPT-2's BPE on English prose) beside its exact count in model tokens.
 - The prompt is the official one, byte for byte (booydar/babilong's DEFAULT_TEMPLATE and DEFAULT_PROMPTS: instruction,
   in-context examples, post-prompt, <context> ... </context>, "Question: ...", separated by blank lines), and scoring
   is the official rule: lower-case the output, keep its first sentence; correct iff the target is the only task label
@@ -66,7 +72,8 @@ DROPS = ("dropped", "discarded", "put down", "left")
 GIVES = ("gave", "passed", "handed")
 FACT_COUNTS = {"qa1": (2, 10, 2), "qa2": (6, 26, 1), "qa3": (25, 65, 1), "qa5": (3, 13, 1)}  # least, most, step
 CHARS_PER_GPT2_TOKEN = 4.0
-MAX_NEW_TOKENS = 20  # greedy, as BABILong's scripts/run_model_on_babilong.py generates
+# BABILong's scripts/run_model_on_babilong.py generates 20 new tokens greedily: about 80 characters of GPT-2-like BPE
+ANSWER_CHARS = 80
 
 # BABILong's DEFAULT_TEMPLATE and DEFAULT_PROMPTS (babilong/prompts.py) as booydar/babilong's main branch has them at
 # commit 7a6efee29f5cac03c3c410e6799c80fd2ffe3610 (prompts.py last changed in ffa075fb7aff504275037efc04d3aeaa5b1f65b0).
@@ -148,6 +155,26 @@ def format_prompt(task: str, context: str, question: str) -> str:
     instruction, examples, post_prompt = PROMPTS[task]
     return TEMPLATE.format(instruction=instruction, examples=examples, post_prompt=post_prompt, context=context.strip(),
                            question=question).strip()
+
+
+def example_answers(task: str) -> list[str]:
+    """The answers of the task's in-context examples, in the official format ("The most recent location of Charlie
+    is balcony.")."""
+    return [line.removeprefix("Answer: ") for line in PROMPTS[task][1].splitlines() if line.startswith("Answer: ")]
+
+
+def answer_tokens(tokenizer, task: str, chars: int) -> int:
+    """The token budget of a `chars`-character answer in this tokenizer: the tokens of that many characters of the
+    task's example answers, one after another."""
+    answers = " ".join(example_answers(task))
+    text = (answers + " ") * (chars // (len(answers) + 1) + 1)
+    return max(1, len(tokenizer.encode(text[:chars])))
+
+
+def answer_complete(text: str, chars: int) -> bool:
+    """Whether a generated answer can stop: its first sentence has ended (all the official rule reads), or it is
+    `chars` characters long."""
+    return "." in text or len(text) >= chars
 
 
 def babilong_score(output: str, target: str, question: str, task: str) -> float:
@@ -297,10 +324,17 @@ def story(task: str, rng: random.Random) -> tuple[list[str], str, str]:
 
 
 class BabiLongGenerator:
-    def __init__(self, tokenizer, max_new_tokens: int = MAX_NEW_TOKENS, filler: str | None = None, seed: int = 0):
-        self.tokenizer, self.max_new_tokens, self.seed = tokenizer, max_new_tokens, seed
+    def __init__(self, tokenizer, answer_chars: int = ANSWER_CHARS, filler: str | None = None, seed: int = 0):
+        self.tokenizer, self.answer_chars, self.seed = tokenizer, answer_chars, seed
         text = filler if filler is not None else generated_essay(seed=seed)
         self.filler = prose_sentences(text)
+        self._answer_tokens: dict[str, int] = {}
+
+    def answer_tokens(self, task: str) -> int:
+        """The answer's token budget for this task in this tokenizer (answer_tokens)."""
+        if task not in self._answer_tokens:
+            self._answer_tokens[task] = answer_tokens(self.tokenizer, task, self.answer_chars)
+        return self._answer_tokens[task]
 
     def sample(self, task: str, length: int, index: int = 0) -> BabiSample:
         if task not in TASKS:
@@ -322,7 +356,7 @@ class BabiLongGenerator:
 
         n = 0
         if length > 0:
-            fits = lambda k: self._count(build(k)[0]) <= length - self.max_new_tokens  # noqa: E731
+            fits = lambda k: self._count(build(k)[0]) <= length - self.answer_tokens(task)  # noqa: E731
             if not fits(0):
                 raise ValueError(f"{task}: length {length} is too short for the story and the question")
             n = largest_fitting(fits)
@@ -381,6 +415,8 @@ class BabiLongSettings:
         tasks: BABILong tasks (qa1 .. qa5).
         lengths: Context lengths in tokens (0 = the facts alone).
         samples: Samples per task and length.
+        answer_chars: The answer budget in characters (BABILong's 20 GPT-2 tokens: 80), turned into tokens for the
+            model's tokenizer; generation also stops where the answer's first sentence ends (all the rule reads).
         data_dir: Official BABILong files as downloaded ({dir}/{task}/{split}.json) instead of generated samples;
             lengths are then read in the official unit (GPT-2 tokens) and name the splits (1000 or 1024 -> 1k,
             4096 -> 4k, 1048576 -> 1M; a length that names no split is refused).
@@ -389,6 +425,7 @@ class BabiLongSettings:
     tasks: list[str] = field(default_factory=lambda: list(TASKS))
     lengths: list[int] = field(default_factory=lambda: [0, 4096, 16384, 65536, 131072])
     samples: int = 5
+    answer_chars: int = ANSWER_CHARS
     data_dir: str | None = None
 
     def __post_init__(self) -> None:
@@ -396,6 +433,7 @@ class BabiLongSettings:
         require(bool(self.lengths) and all(n >= 0 for n in self.lengths), "eval.babilong.lengths",
                 "must be lengths >= 0", self.lengths)
         require(self.samples >= 1, "eval.babilong.samples", "must be >= 1", self.samples)
+        require(self.answer_chars >= 1, "eval.babilong.answer_chars", "must be >= 1", self.answer_chars)
         if self.data_dir is not None and not Path(self.data_dir).is_dir():
             raise FileNotFoundError(f"eval.babilong.data_dir not found: {self.data_dir}")
         for length in self.lengths if self.data_dir else ():
@@ -410,7 +448,7 @@ class BabiLong(Evaluation):
     name, title, order, Settings = "babilong", "BABILong", 20, BabiLongSettings
 
     def generator(self, tokenizer) -> BabiLongGenerator:
-        return BabiLongGenerator(tokenizer, MAX_NEW_TOKENS, self.context.essay, self.context.seed)
+        return BabiLongGenerator(tokenizer, self.settings.answer_chars, self.context.essay, self.context.seed)
 
     def check(self, arch, data) -> None:
         if data is None or self.settings.data_dir:
@@ -425,9 +463,9 @@ class BabiLong(Evaluation):
 
     def workload(self) -> tuple[int, int, int]:
         s = self.settings
-        prompts = len(s.tasks) * s.samples * len(s.lengths)
-        tokens = len(s.tasks) * s.samples * sum(max(length, 512) for length in s.lengths)  # 0: the facts alone
-        return prompts, tokens, prompts * MAX_NEW_TOKENS
+        prompts, answer = len(s.tasks) * s.samples * len(s.lengths), round(s.answer_chars / CHARS_PER_GPT2_TOKEN)
+        tokens = len(s.tasks) * s.samples * sum(max(length - answer, 512) for length in s.lengths)  # 0: the facts
+        return prompts, tokens, prompts * answer  # the answer in BPE-like tokens of about 4 characters
 
     def items(self, generator, task: str, length: int) -> tuple[str, list]:
         """(column name, samples) of one task and length: generated, or the official split's first rows."""
@@ -443,8 +481,9 @@ class BabiLong(Evaluation):
             for length in self.settings.lengths:
                 column, items = self.items(generator, task, length)
                 for item in tqdm(items, desc=f"BABILong {task} {column}", leave=False):
-                    prediction = self.context.generate(model, data.tokenizer, item.input_text, MAX_NEW_TOKENS,
-                                                       self.name, column)
+                    prediction = self.context.generate(
+                        model, data.tokenizer, item.input_text, generator.answer_tokens(task), self.name, column,
+                        done=lambda text: answer_complete(text, self.settings.answer_chars))
                     score = 100.0 * babilong_score(prediction, item.target, item.question, task)
                     scores[(task, column, None)].append(score)
                     record = {"eval": "babilong", "task": task, "length": column, "index": item.index,

@@ -19,7 +19,7 @@ from swax_lightning.evals import babilong, ruler
 
 
 def prompt(kind: str, task: str, length: int, index: int, depth: float | None, tokenizer, seed: int,
-           niah_max_new_tokens: int = 128, babilong_max_new_tokens: int = babilong.MAX_NEW_TOKENS,
+           niah_max_new_tokens: int = 128, babilong_answer_chars: int = babilong.ANSWER_CHARS,
            essay: str | None = None) -> str:
     if kind == "mqar":  # task: PAIRSxKEY_LENGTH, length: the gap; the whole episode, queried values included
         pairs, _, key_length = task.partition("x")
@@ -27,8 +27,8 @@ def prompt(kind: str, task: str, length: int, index: int, depth: float | None, t
     if kind == "niah":
         return ruler.NIAHGenerator(tokenizer, niah_max_new_tokens, essay, seed).sample(task, length, depth,
                                                                                          index).input_text
-    return babilong.BabiLongGenerator(tokenizer, babilong_max_new_tokens, essay, seed).sample(task, length,
-                                                                                              index).input_text
+    return babilong.BabiLongGenerator(tokenizer, babilong_answer_chars, essay, seed).sample(task, length,
+                                                                                            index).input_text
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokenizer", default="byte", help="'byte' or a tokenizer.json (the run's data.tokenizer)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--niah_max_new_tokens", type=int, default=128)
-    parser.add_argument("--babilong_max_new_tokens", type=int, default=babilong.MAX_NEW_TOKENS)
+    parser.add_argument("--babilong_answer_chars", type=int, default=babilong.ANSWER_CHARS)
     parser.add_argument("--essay_file", type=Path, help="the run's eval.essay_file, if it had one")
     parser.add_argument("kind", choices=["niah", "babilong", "mqar"])
     parser.add_argument("task", help="niah, babilong: the task; mqar: PAIRSxKEY_LENGTH, e.g. 6x2")
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.kind == "mqar" and not re.fullmatch(r"\d+x\d+", args.task):
         parser.error(f"mqar takes PAIRSxKEY_LENGTH as its task, e.g. 6x2 (got {args.task!r})")
     print(prompt(args.kind, args.task, args.length, int(args.rest[-1]), depth, load_tokenizer(args.tokenizer),
-                 args.seed, args.niah_max_new_tokens, args.babilong_max_new_tokens, essay))
+                 args.seed, args.niah_max_new_tokens, args.babilong_answer_chars, essay))
 
 
 if __name__ == "__main__":

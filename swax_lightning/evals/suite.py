@@ -36,12 +36,13 @@ an evaluation added in its own file needs no line here.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
 
 from swax_lightning.core.errors import ConfigError
-from swax_lightning.evals.babilong import MAX_NEW_TOKENS as BABILONG_NEW_TOKENS
+from swax_lightning.evals.babilong import ANSWER_CHARS
 from swax_lightning.evals.cost import estimate
 from swax_lightning.evals.registry import build_settings, load_all
 from swax_lightning.evals.reports import figures, flat_metrics, markdown, write_reports
@@ -158,10 +159,10 @@ class EvalSuite(Callback):
         return results
 
     def _settings(self, model, tokenizer) -> dict:
-        niah = self.evaluation("niah")
+        niah, babilong = self.evaluation("niah"), self.evaluation("babilong")
         regenerate = (f"python -m swax_lightning regenerate --tokenizer {tokenizer.name} --seed {self.seed} "
                       f"--niah_max_new_tokens {niah.settings.max_new_tokens if niah else 128} "
-                      f"--babilong_max_new_tokens {BABILONG_NEW_TOKENS}"
+                      f"--babilong_answer_chars {babilong.settings.answer_chars if babilong else ANSWER_CHARS}"
                       + (f" --essay_file {self.essay_file}" if self.essay_file else "") + " <sample's regenerate>")
         return {"window": model.window, "attention_windows": model.attention_windows(), "pattern": model.cfg.pattern,
                 "seed": self.seed,
@@ -172,10 +173,14 @@ class EvalSuite(Callback):
                 "haystack": "essay_file" if self.essay_file else "generated prose (swax_lightning/evals/essay.py)",
                 "regenerate": regenerate}
 
-    def generate(self, model, tokenizer, text: str, max_new_tokens: int, evaluation: str, length) -> str:
-        """The greedy continuation of `text` (streaming, chunked prefill), reported to on_generation."""
+    def generate(self, model, tokenizer, text: str, max_new_tokens: int, evaluation: str, length,
+                 done: Callable[[str], bool] | None = None) -> str:
+        """The greedy continuation of `text` (streaming, chunked prefill), reported to on_generation; done(text so
+        far), if given, ends it early (e.g. once the answer is complete)."""
         stats = {} if self._on_generation else None
-        prediction = continue_texts(model, tokenizer, [text], max_new_tokens, chunk_len=self.chunk_len, stats=stats)[0]
+        should_stop = (lambda b, tokens: done(tokenizer.decode(tokens))) if done else None
+        prediction = continue_texts(model, tokenizer, [text], max_new_tokens, chunk_len=self.chunk_len, stats=stats,
+                                    should_stop=should_stop)[0]
         if self._on_generation:
             self._on_generation(evaluation, length, stats)
         return prediction

@@ -207,7 +207,7 @@ def test_generated_samples(task):
     gen = babilong.BabiLongGenerator(TOK, seed=1)
     a = gen.sample(task, 4096, index=4)
     assert a == gen.sample(task, 4096, index=4)
-    assert 4096 - gen.max_new_tokens - 200 <= a.n_tokens <= 4096 - gen.max_new_tokens
+    assert 4096 - gen.answer_tokens(task) - 200 <= a.n_tokens <= 4096 - gen.answer_tokens(task)
     facts = [a.input_text[p:].split(".")[0] for p in a.fact_positions]
     assert facts and all(f.split()[0] in ("The", *babilong.PEOPLE.get(task, ())) for f in facts)
     assert a.input_text.startswith(babilong.PROMPTS[task][0])  # the official prompt
@@ -259,3 +259,74 @@ def test_a_length_that_names_no_split_is_refused(length, tmp_path):
 def test_clear_errors(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+def official_answer(task: str, question: str, target: str) -> str:
+    """The answer in the format the task's post-prompt asks for, followed by more text (which the rule ignores)."""
+    asked = re.fullmatch(r"Where is (?:the )?(\w+)\?", question)
+    if task == "qa1":
+        answer = f"The most recent location of {asked[1]} is {target}."
+    elif task == "qa2":
+        answer = f"The {asked[1]} is in the {target}."
+    elif task == "qa3":
+        item, before = re.fullmatch(r"Where was the (\w+) before the (\w+)\?", question).groups()
+        answer = f"Before the {before} the {item} was in the {target}."
+    else:
+        answer = f"{target}."
+    return answer + " Do not write anything else after that."
+
+
+def suite_babilong(tokenizer, answer) -> tuple[dict, list]:
+    """The suite's own BABILong run (its samples, budgets, stopping rule and scoring) with a model that answers
+    answer(prompt) token by token as generate does: at most max_new_tokens tokens, asking should_stop after each."""
+    from types import SimpleNamespace
+
+    from swax_lightning.evals import suite as suite_module
+    from swax_lightning.evals.suite import EvalSuite
+
+    def continue_texts(model, tokenizer, texts, max_new_tokens, should_stop=None, **decoding):
+        outputs = []
+        for text in texts:
+            out = []
+            for token in tokenizer.encode(answer(text))[:max_new_tokens]:
+                out.append(token)
+                if should_stop is not None and should_stop(0, out):
+                    break
+            outputs.append(tokenizer.decode(out))
+        return outputs
+
+    suite, samples = EvalSuite(babilong=dict(tasks=list(babilong.TASKS), lengths=[0, 6000], samples=4)), []
+    original, suite_module.continue_texts = suite_module.continue_texts, continue_texts
+    try:
+        return suite.evaluation("babilong").run(None, SimpleNamespace(tokenizer=tokenizer), samples), samples
+    finally:
+        suite_module.continue_texts = original
+
+
+def reader(text: str) -> str:
+    question = text.rsplit("Question: ", 1)[1]
+    task = next(t for t, (instruction, _, _) in babilong.PROMPTS.items() if text.startswith(instruction)
+                and (t != "qa3" or "before the" in question) and (t != "qa2" or "before the" not in question))
+    return official_answer(task, question, solve(text, question))
+
+
+@pytest.mark.parametrize("tokenizer", ["byte", "bpe"])
+def test_a_model_answering_in_the_official_format_scores_100_with_any_tokenizer_and_a_blind_one_0(tokenizer,
+                                                                                                  bpe_tokenizer):
+    """The answer budget is in characters, turned into the tokenizer's tokens: a byte-level model's answer in the
+    official format is whole (a budget of 20 tokens cut it to 'The most recent loca' and scored 0 on qa1-qa3), and
+    generation ends with the answer's first sentence, all the rule reads."""
+    tok = TOK if tokenizer == "byte" else bpe_tokenizer
+    reading, samples = suite_babilong(tok, reader)
+    assert all(reading["scores"][task][length] == {**reading["scores"][task][length], "mean": 100.0, "n": 4}
+               for task in babilong.TASKS for length in ("0", "6000"))
+    assert all(s["prediction"].endswith(".") and "Do not" not in s["prediction"] for s in samples)  # stopped there
+    blind, _ = suite_babilong(tok, lambda text: "The most recent location of the answer is nowhere.")
+    assert all(cell["mean"] == 0.0 for row in blind["scores"].values() for cell in row.values())
+
+
+def test_the_answer_budget_in_tokens_follows_the_tokenizer(bpe_tokenizer):
+    byte, bpe = (babilong.BabiLongGenerator(tok, seed=0) for tok in (TOK, bpe_tokenizer))
+    assert byte.answer_tokens("qa1") == babilong.ANSWER_CHARS  # one byte, one token
+    assert 0 < bpe.answer_tokens("qa1") < babilong.ANSWER_CHARS
+    assert bpe.sample("qa1", 1024).n_tokens <= 1024 - bpe.answer_tokens("qa1")

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from swax_lightning.data.tokenizer import ByteTokenizer
-from swax_lightning.evals import reports, ruler
+from swax_lightning.evals import babilong, reports, ruler
 from swax_lightning.evals.suite import EvalSuite
 
 
@@ -94,6 +94,13 @@ def test_a_sample_regenerates_from_its_recorded_arguments(capsys):
     assert capsys.readouterr().out == sample.input_text + "\n"
     with pytest.raises(SystemExit):
         regenerate(["niah", "niah_single_2", "2048", "3"])  # a NIAH sample needs its depth
+    suite = EvalSuite(seed=2, babilong=dict(tasks=["qa2"], lengths=[2048], samples=1, answer_chars=40))
+    command = suite._settings(SimpleNamespace(window=None, attention_windows=lambda: {}, cfg=SimpleNamespace(
+        pattern="A"), n_sink=0), SimpleNamespace(name="byte"))["regenerate"]
+    arguments = command.split("regenerate ")[1].replace(" <sample's regenerate>", "").split()
+    regenerate([*arguments, "babilong", "qa2", "2048", "0"])  # the settings' options + the sample's arguments
+    sample = babilong.BabiLongGenerator(ByteTokenizer(), 40, seed=2).sample("qa2", 2048, 0)
+    assert capsys.readouterr().out == sample.input_text + "\n"
 
 
 def test_suite_rejects_bad_settings(tmp_path):

@@ -153,17 +153,8 @@ def test_few_depths_let_a_window_only_model_score_20():
 
 
 @pytest.mark.parametrize("length", [1024, 16384, 131072])
-def test_niah_length_in_tokens_of_a_bpe_tokenizer(length, tmp_path):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    from swax_lightning.data.tokenizer import HFTokenizer
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
-    tok.train_from_iterator([essay.generated_essay(3000)], trainers.BpeTrainer(
-        vocab_size=500, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok.save(str(tmp_path / "t.json"))
-    sample = ruler.NIAHGenerator(HFTokenizer(tmp_path / "t.json")).sample("niah_multikey_1", length, 0.4)
+def test_niah_length_in_tokens_of_a_bpe_tokenizer(length, bpe_tokenizer):
+    sample = ruler.NIAHGenerator(bpe_tokenizer).sample("niah_multikey_1", length, 0.4)
     assert length - 128 - 40 <= sample.n_tokens <= length - 128
 
 
