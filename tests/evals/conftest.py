@@ -18,3 +18,26 @@ def bpe_tokenizer(tmp_path_factory):
     path = tmp_path_factory.mktemp("bpe") / "t.json"
     tok.save(str(path))
     return HFTokenizer(path)
+
+
+@pytest.fixture
+def answering(monkeypatch):
+    """answering(answer): the suite's generations become those of a model that writes answer(prompt), token by token
+    as inference.generate does: at most max_new_tokens tokens of the tokenizer, asking should_stop after each."""
+    from swax_lightning.evals import suite as suite_module
+
+    def install(answer):
+        def continue_texts(model, tokenizer, texts, max_new_tokens, should_stop=None, **decoding):
+            outputs = []
+            for text in texts:
+                out = []
+                for token in tokenizer.encode(answer(text))[:max_new_tokens]:
+                    out.append(token)
+                    if should_stop is not None and should_stop(0, out):
+                        break
+                outputs.append(tokenizer.decode(out))
+            return outputs
+
+        monkeypatch.setattr(suite_module, "continue_texts", continue_texts)
+
+    return install

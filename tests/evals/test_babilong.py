@@ -276,31 +276,14 @@ def official_answer(task: str, question: str, target: str) -> str:
     return answer + " Do not write anything else after that."
 
 
-def suite_babilong(tokenizer, answer) -> tuple[dict, list]:
-    """The suite's own BABILong run (its samples, budgets, stopping rule and scoring) with a model that answers
-    answer(prompt) token by token as generate does: at most max_new_tokens tokens, asking should_stop after each."""
+def suite_babilong(tokenizer) -> tuple[dict, list]:
+    """The suite's own BABILong run: its samples, answer budgets, stopping rule and scoring."""
     from types import SimpleNamespace
 
-    from swax_lightning.evals import suite as suite_module
     from swax_lightning.evals.suite import EvalSuite
 
-    def continue_texts(model, tokenizer, texts, max_new_tokens, should_stop=None, **decoding):
-        outputs = []
-        for text in texts:
-            out = []
-            for token in tokenizer.encode(answer(text))[:max_new_tokens]:
-                out.append(token)
-                if should_stop is not None and should_stop(0, out):
-                    break
-            outputs.append(tokenizer.decode(out))
-        return outputs
-
     suite, samples = EvalSuite(babilong=dict(tasks=list(babilong.TASKS), lengths=[0, 6000], samples=4)), []
-    original, suite_module.continue_texts = suite_module.continue_texts, continue_texts
-    try:
-        return suite.evaluation("babilong").run(None, SimpleNamespace(tokenizer=tokenizer), samples), samples
-    finally:
-        suite_module.continue_texts = original
+    return suite.evaluation("babilong").run(None, SimpleNamespace(tokenizer=tokenizer), samples), samples
 
 
 def reader(text: str) -> str:
@@ -312,16 +295,19 @@ def reader(text: str) -> str:
 
 @pytest.mark.parametrize("tokenizer", ["byte", "bpe"])
 def test_a_model_answering_in_the_official_format_scores_100_with_any_tokenizer_and_a_blind_one_0(tokenizer,
-                                                                                                  bpe_tokenizer):
+                                                                                                  bpe_tokenizer,
+                                                                                                  answering):
     """The answer budget is in characters, turned into the tokenizer's tokens: a byte-level model's answer in the
     official format is whole (a budget of 20 tokens cut it to 'The most recent loca' and scored 0 on qa1-qa3), and
     generation ends with the answer's first sentence, all the rule reads."""
     tok = TOK if tokenizer == "byte" else bpe_tokenizer
-    reading, samples = suite_babilong(tok, reader)
+    answering(reader)
+    reading, samples = suite_babilong(tok)
     assert all(reading["scores"][task][length] == {**reading["scores"][task][length], "mean": 100.0, "n": 4}
                for task in babilong.TASKS for length in ("0", "6000"))
     assert all(s["prediction"].endswith(".") and "Do not" not in s["prediction"] for s in samples)  # stopped there
-    blind, _ = suite_babilong(tok, lambda text: "The most recent location of the answer is nowhere.")
+    answering(lambda text: "The most recent location of the answer is nowhere.")
+    blind, _ = suite_babilong(tok)
     assert all(cell["mean"] == 0.0 for row in blind["scores"].values() for cell in row.values())
 
 

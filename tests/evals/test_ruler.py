@@ -144,6 +144,22 @@ def test_a_window_only_model_scores_at_most_5_on_every_task_through_the_suites_d
     assert len(depths) == 8 * 3 and all(sorted(d) == ruler.depth_grid() for d in depths.values())  # every depth
 
 
+@pytest.mark.parametrize("tokenizer", ["byte", "bpe"])
+def test_a_model_answering_in_rulers_format_scores_100_on_every_task_with_any_tokenizer_and_a_blind_one_0(
+        tokenizer, bpe_tokenizer, answering):
+    """RULER's budget (128 new tokens of the model) holds the longest answer of every task in the format the prompt's
+    answer prefix asks for (four uuids or numbers), for a byte tokenizer as for a BPE one: a reading model scores 100
+    through the suite's own generation and scoring, a blind one 0."""
+    tok = TOK if tokenizer == "byte" else bpe_tokenizer
+    suite = EvalSuite(niah=dict(tasks=sorted(ruler.TASKS), lengths=[4096], samples=2, depths=2))
+    answering(lambda text: " " + ", ".join(oracle(text, QUESTION_RE.findall(text)[-1]).split()) + ".")
+    reading = suite.evaluation("niah").run(None, SimpleNamespace(tokenizer=tok), [])
+    assert all(reading["scores"][task]["4096"]["mean"] == 100.0 for task in ruler.TASKS)
+    answering(lambda text: " 0000000.")
+    blind = suite.evaluation("niah").run(None, SimpleNamespace(tokenizer=tok), [])
+    assert all(blind["scores"][task]["4096"]["mean"] == 0.0 for task in ruler.TASKS)
+
+
 def test_few_depths_let_a_window_only_model_score_20():
     """The test above can fail: with depths 0, .25, .5, .75, 1 the needle at depth 1 sits inside the window, and the
     window-only model scores 20 at 32W."""
