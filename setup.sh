@@ -30,4 +30,7 @@ done
 # The package itself, editable and without dependencies (all installed above): the console script `swax <verb>`, and
 # `python -m swax_lightning <verb>` from any folder.
 .venv/bin/python -m pip install -q --no-deps -e .
+# lm-eval finds models only in its registry: a start-up line registers `swax` as soon as lm-eval is imported, so
+# `lm_eval --model swax` works from any folder (swax_lightning/evals/lm_eval_register.py; inert without lm-eval).
+.venv/bin/python -c "from swax_lightning.evals.lm_eval_register import write_startup_file as w; w()"
 .venv/bin/python -c "import torch, triton, lightning, litdata; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), '| triton', triton.__version__, '| lightning', lightning.__version__, '| litdata', litdata.__version__)"

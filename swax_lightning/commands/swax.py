@@ -24,6 +24,7 @@ VERBS = {
     "memory": ("swax_lightning.commands.memory", "GPU memory per device of a run config"),
     "compare": ("swax_lightning.evals.compare", "evaluation results of several runs side by side"),
     "regenerate": ("swax_lightning.evals.regenerate", "rebuild one evaluation sample's prompt from results.json"),
+    "choice-tasks": ("swax_lightning.evals.choice", "write the generated multiple-choice tasks for lm-eval"),
     "consolidate": ("swax_lightning.training.checkpoints", "make one file of a distributed checkpoint"),
     "tokenizer": ("swax_lightning.data.train_tokenizer", "train a byte-level BPE tokenizer on a text folder"),
 }

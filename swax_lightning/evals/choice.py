@@ -22,10 +22,12 @@ Decisions:
   for sequences, never from the prompt: no rule that ignores the task (always the first, the longest, the shortest,
   the one in or not in the prompt, the most frequent answer) beats chance by more than 5 points (tests/test_choice.py).
 - Written as lm-eval task files (a YAML file per task, `dataset_path: json`, and its JSON-lines data), so the
-  evaluation suite runs them as it runs any local task (`eval.lm_eval.tasks`, `eval.lm_eval.include_path`).
+  evaluation suite runs them as it runs any local task (`eval.lm_eval.tasks`, `eval.lm_eval.include_path`), and so
+  does lm-eval's own command line: `swax choice-tasks <folder>` writes them and prints that command.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import random
 from pathlib import Path
@@ -156,3 +158,19 @@ def write_tasks(folder: str | Path, n: int, seed: int = 0, tasks: tuple[str, ...
             (tmp / f"{task}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in items(task, n, seed)))
             (tmp / f"{task}.yaml").write_text(TASK_YAML.format(task=task, data=folder / f"{task}.jsonl"))
     return folder
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`swax choice-tasks <folder>`: write the task files, then say how to run them."""
+    parser = argparse.ArgumentParser(prog="swax choice-tasks", description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", type=Path, help="where the task files go (replaced if there)")
+    parser.add_argument("--items", type=int, default=20, help="items per task (default 20)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
+    args = parser.parse_args(argv)
+    if args.items < 1:
+        parser.error(f"--items must be >= 1 (got {args.items})")
+    folder = write_tasks(args.folder, args.items, args.seed, tuple(args.tasks))
+    print(f"wrote {len(args.tasks)} tasks of {args.items} items in {folder}; run them with\n"
+          f"  lm_eval --model swax --model_args ckpt_path=<checkpoint> --include_path {folder} "
+          f"--tasks {','.join(args.tasks)}")

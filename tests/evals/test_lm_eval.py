@@ -19,7 +19,6 @@ pytest.importorskip("lm_eval")
 from swax_lightning.evals import reports  # noqa: E402
 from swax_lightning.evals.lm_eval_adapter import SwaxLM, metric_cell, run_lm_eval  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 TOK = ByteTokenizer()
 MC_TASK = """task: swax_tiny_mc
 dataset_path: json
@@ -113,9 +112,15 @@ def write_tasks(folder: Path) -> Path:
     return tasks
 
 
+CLEAN = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
 @pytest.mark.slow
-def test_lm_eval_command_line_runs_the_swax_model(tmp_path):
-    """`lm_eval --model swax --model_args ckpt_path=...` from the shell, with the plugin folder on PYTHONPATH."""
+def test_lm_eval_command_line_runs_the_swax_model_from_any_folder(tmp_path):
+    """The console scripts as a user types them, from a temporary folder, in an environment holding nothing but PATH,
+    HF_HOME and the offline switches (no PYTHONPATH): `swax choice-tasks` writes the generated multiple-choice tasks
+    and `lm_eval --model swax --model_args ckpt_path=...` runs them and local tasks (setup.sh's start-up file
+    registers the name; without it the harness answers that no model of that name exists)."""
     from swax_lightning.training.module import LanguageModule
 
     module = LanguageModule(arch=ModelConfig(d_model=32, n_layers=2, n_heads=2, mlstm_heads=2, window=8))
@@ -124,16 +129,17 @@ def test_lm_eval_command_line_runs_the_swax_model(tmp_path):
     torch.save({"hyper_parameters": dict(module.hparams), "state_dict": module.state_dict(),
                 "datamodule_hyper_parameters": {"tokenizer": "byte"}}, ckpt)
     tasks = write_tasks(tmp_path)
-    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HF_HOME": str(tmp_path / "hf"),
-           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "PYTHONPATH": f"{ROOT}:{ROOT / 'swax_lightning/evals/lm_eval_plugin'}"}
+    env = {**CLEAN, "HF_HOME": str(tmp_path / "hf")}
+    written = subprocess.run(["swax", "choice-tasks", str(tasks / "choice"), "--items", "3"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert written.returncode == 0 and "lm_eval --model swax" in written.stdout, written.stderr[-3000:]
     out = subprocess.run(["lm_eval", "--model", "swax", "--model_args", f"ckpt_path={ckpt},chunk_len=16",
-                          "--tasks", "swax_tiny_mc,swax_tiny_filters", "--include_path", str(tasks),
+                          "--tasks", "swax_tiny_mc,swax_tiny_filters,choice_capitals", "--include_path", str(tasks),
                           "--batch_size", "2", "--output_path", str(tmp_path / "out")],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     results = json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())["results"]
-    assert 0.0 <= results["swax_tiny_mc"]["acc,none"] <= 1.0
+    assert 0.0 <= results["swax_tiny_mc"]["acc,none"] <= 1.0 and 0.0 <= results["choice_capitals"]["acc,none"] <= 1.0
     assert {"exact_match,raw", "exact_match,first_word"} <= set(results["swax_tiny_filters"])
 
 
@@ -153,9 +159,7 @@ def test_lm_evals_own_hf_model_scores_an_export_as_the_swax_model_does(tmp_path)
                 "datamodule_hyper_parameters": {"tokenizer": "byte"}}, ckpt)
     folder = export(ckpt, tmp_path / "hf-export")
     tasks = write_tasks(tmp_path)
-    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HF_HOME": str(tmp_path / "hf"),
-           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "PYTHONPATH": f"{ROOT}:{ROOT / 'swax_lightning/evals/lm_eval_plugin'}"}
+    env = {**CLEAN, "HF_HOME": str(tmp_path / "hf")}
     scores = {}
     for model, args in (("swax", f"ckpt_path={ckpt}"), ("hf", f"pretrained={folder},trust_remote_code=True")):
         out = subprocess.run(["lm_eval", "--model", model, "--model_args", args, "--tasks", "swax_tiny_mc",
