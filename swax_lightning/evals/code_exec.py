@@ -1,23 +1,29 @@
-"""Running generated code against its tests (MBPP pass@1) in a contained child process.
+"""Running generated code against its tests (MBPP pass@1): the tests stay in the trusted process, the code runs in a
+contained child that never sees them.
 
-A candidate passes iff its program and its assert-tests run to the end. The child (a fresh `python -I`, isolated
-mode, stripped environment) reads the source from stdin, moves its own ends of the evaluator's pipes to two private
-descriptors, points stdin, stdout and stderr at /dev/null and executes the source. Only when that returns does it
-ask for the run's token; the evaluator writes the token into the pipe only then, and the child must echo it back and
-exit with 0. So no token exists anywhere in the child (its memory, its modules, its frames, its files, /proc/self,
-its environment, its command line) while the program runs: a program that reads `sys.modules['__main__']`, walks its
-caller's frames, scans gc objects or /proc/self/mem finds nothing, and one that calls exit(), sys.exit(0) or
-os._exit(0) before its asserts never asks. Documented limit: a program written against this very harness can still
-imitate the end-of-run exchange on those descriptors (or override equality) instead of passing its tests; running
-the tests in the program's own process cannot rule that out, and the harness's code_eval shares the limit.
+The verdict is computed here, never in the child. The tests (MBPP's `assert f(x) == y` lines) are parsed in this
+process: every call of the program's functions in an assert (a call of a name that is no builtin, with literal
+arguments) becomes a slot, the rest of the assert a condition over the slots (`set(_v0) == set([1, 2])`,
+`math.isclose(_v1, 3.0, rel_tol=0.001)`). The child (a fresh `python -I`, stripped environment) receives only the
+program and the calls (function name and arguments), runs the program, makes the calls, and writes their results back
+in a plain JSON form (tuples, sets, dicts and the like tagged; anything else is a failure); the conditions are then
+evaluated here, on plain values, with this process's own builtins. So the code under test never sees an expected
+value, and nothing it does in its own process (an `__eq__` that is always true, patched builtins, bytecode patched
+through ctypes, a trace function that jumps over the asserts, a message written from atexit, a thread or an
+except hook) can make a wrong result pass: whatever it writes is read as data, and the only values that satisfy the
+conditions are the right ones. A program passes iff it runs to its end, every call returns, and every condition
+holds, before the timeout. A test that is no assert of this form (a call with non-literal arguments, any other
+statement but an import) is refused with one line naming it (UnsupportedTest), never run in the child.
 
 Containment, when the kernel lets an unprivileged process make namespaces (probed once with `unshare`):
-- new user, mount, network and PID namespaces: no network at all (only a down loopback); the child sees only its
-  own processes, so it can neither signal the evaluator (os.kill(os.getppid(), ...) finds no parent) nor read the
-  evaluator's environment through /proc/<pid>/environ;
-- every mount remounted read-only, with fresh private tmpfs on /tmp, /var/tmp and /dev/shm (the child's folder,
-  gone when it ends): nothing is written anywhere else;
-- all capabilities dropped before the program runs, so it cannot undo the mounts;
+- new user, mount, network, IPC and PID namespaces: no network at all (only a down loopback, no abstract sockets of
+  the host); System V shared memory, semaphores and message queues of its own, gone with it; the child sees only its
+  own processes, so it can neither signal the evaluator nor read its environment through /proc/<pid>/environ;
+- a minimal root: a fresh tmpfs holding read-only binds of /usr and the interpreter's prefix (and the machine's
+  /bin, /lib links), /dev/null, /dev/zero, /dev/urandom, its own /proc and a writable /tmp (its working folder), then
+  chroot: no file of the host outside those (no unix socket of the host to connect to, no data or test file to read)
+  and nothing written anywhere that outlives the run;
+- all capabilities dropped before the program runs, so it cannot undo the mounts or leave the root;
 - when the namespace's first process ends, the kernel kills every process left in it, even ones that left the
   process group with setsid().
 Always: its own session and process group, killed as a group at the timeout and after every run; limits on CPU
@@ -27,15 +33,20 @@ RLIMIT_NPROC, and root's files would be the program's to read); where nobody can
 with one line, rather than run generated code as root.
 
 Documented limits: without user namespaces (probed; e.g. some container runtimes) there is no network or filesystem
-isolation and children that call setsid() escape the group kill: run untrusted models' code in a container then.
+isolation and children that call setsid() escape the group kill: run untrusted models' code in a container then. A
+program that raises after its functions are defined could still send their (right) results from an exit hook: it
+passes with right functions, where MBPP's own harness would fail it for the raise.
 """
 from __future__ import annotations
 
+import ast
+import builtins
 import functools
+import json
+import math
 import os
 import pwd
 import resource  # imported here: the child, already nobody, may not read the standard library
-import secrets
 import select
 import shutil
 import signal
@@ -43,47 +54,142 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from swax_lightning.evals import plain_values
+from swax_lightning.evals.plain_values import from_plain, to_plain
 
 ADDRESS_SPACE = 1 << 30
 FILE_SIZE = 16 << 20
 EXTRA_PROCESSES = 64
+RESULT_BYTES = 4 << 20  # the most the child may write back
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 
-# Runs in the child: read the source (its length, a newline, the bytes), keep private copies of the evaluator's
-# pipes, point stdin/stdout/stderr at /dev/null, run the source; only then ask for the token and echo it.
+
+class UnsupportedTest(ValueError):
+    """A test this executor cannot run without handing it to the code under test."""
+
+
+# ---- the tests, parsed and judged in this process --------------------------------------------------------------------
+@dataclass
+class Checks:
+    """The tests of one problem: the calls the child makes (function name, positional and keyword arguments as plain
+    values) and the asserts' conditions over their results (slots _v0, _v1, ...), compiled here."""
+
+    calls: list[tuple[str, list, dict]]
+    conditions: list  # code objects of `eval` mode
+    imports: list[str]  # the tests' own import lines, run here before the conditions
+
+    def hold(self, results: list) -> bool:
+        namespace = {"__builtins__": builtins, "math": math}
+        for line in self.imports:
+            exec(line, namespace)  # the dataset's own imports (trusted)
+        values = {f"_v{i}": value for i, value in enumerate(results)}
+        try:
+            return all(bool(eval(condition, namespace, values)) for condition in self.conditions)
+        except Exception:  # noqa: BLE001  a failing condition (a wrong type, a wrong shape) is a failing test
+            return False
+
+
+class _Slots(ast.NodeTransformer):
+    """Replaces each call of a non-builtin name with literal arguments by a slot, recording the call."""
+
+    def __init__(self, calls: list):
+        self.calls = calls
+
+    def visit_Call(self, node: ast.Call):
+        if not isinstance(node.func, ast.Name) or hasattr(builtins, node.func.id):
+            return self.generic_visit(node)  # set(...), sorted(...), math.isclose(...): judged here
+        try:
+            if any(k.arg is None for k in node.keywords):
+                raise ValueError("**")
+            args = to_plain(tuple(ast.literal_eval(a) for a in node.args))
+            kwargs = to_plain({k.arg: ast.literal_eval(k.value) for k in node.keywords})
+        except (ValueError, TypeError, SyntaxError):
+            raise UnsupportedTest(f"{ast.unparse(node)}: arguments must be literals") from None
+        self.calls.append((node.func.id, args, kwargs))
+        return ast.copy_location(ast.Name(f"_v{len(self.calls) - 1}", ast.Load()), node)
+
+
+def parse_tests(tests: str) -> Checks:
+    """The asserts of `tests` as calls and conditions; UnsupportedTest names a statement that is neither an assert
+    nor an import."""
+    try:
+        tree = ast.parse(tests)
+    except SyntaxError as err:
+        raise UnsupportedTest(f"the tests do not parse: {err}") from None
+    calls, conditions, imports = [], [], []
+    for statement in tree.body:
+        if isinstance(statement, (ast.Import, ast.ImportFrom)):
+            imports.append(ast.unparse(statement))
+        elif isinstance(statement, ast.Assert):
+            condition = ast.fix_missing_locations(ast.Expression(_Slots(calls).visit(statement.test)))
+            conditions.append(compile(condition, "<tests>", "eval"))
+        else:
+            raise UnsupportedTest(f"{ast.unparse(statement)[:80]}: only asserts and imports are tests")
+    return Checks(calls, conditions, imports)
+
+
+# Runs in the child, after plain_values.py's source: read the request (its length, a newline, JSON {source, calls}),
+# keep a private copy of the evaluator's pipe, point stdin/stdout/stderr at /dev/null, run the program, make the calls;
+# only then write the results (each {"value": plain} or {"error": type}) as one JSON line.
 RUNNER = """
-import os
+import json, os
 size = b""
 while not size.endswith(b"\\n"):
     size += os.read(0, 1)
-source, size = b"", int(size)
-while len(source) < size:
-    source += os.read(0, size - len(source))
-answer, ask = os.dup(0), os.dup(1)
+request, size = b"", int(size)
+while len(request) < size:
+    request += os.read(0, size - len(request))
+request = json.loads(request)
+out = os.dup(1)
 null = os.open(os.devnull, os.O_RDWR)
 for fd in (0, 1, 2):
     os.dup2(null, fd)
-exec(compile(source, "candidate.py", "exec"), {"__name__": "__main__"})
-os.write(ask, b"ran\\n")
-os.write(ask, os.read(answer, 64))
-"""
-TOKEN_BYTES = 16
 
-# Runs first inside the namespaces (as root of the new user namespace): read-only mounts, private tmpfs folders,
-# then the program without any capability, as a child: the shell stays the namespace's init, so the program gets
+def call(namespace, name, args, kwargs):
+    try:
+        return {"value": to_plain(namespace[name](*from_plain(args), **from_plain(kwargs)))}
+    except BaseException as err:
+        return {"error": type(err).__name__}
+
+namespace = {"__name__": "__main__"}
+exec(compile(request["source"], "candidate.py", "exec"), namespace)
+results = [call(namespace, *c) for c in request["calls"]]
+os.write(out, json.dumps(results).encode() + b"\\n")
+"""
+CHILD = Path(plain_values.__file__).read_text() + RUNNER  # one definition of the plain form on both sides
+
+# Runs first inside the namespaces (as root of the new user namespace), in the evaluator's fresh folder: a tmpfs
+# over it becomes the new root, read-only once made, with read-only binds of /usr and the interpreter's prefix ($1),
+# the machine's /bin, /lib... (as links where they are links), three devices, its own /proc and a tmpfs on /tmp,
+# the only place to write; then the program,
+# chrooted there and without any capability, as a child: the shell stays the namespace's init, so the program gets
 # ordinary signal semantics, and every process left in the namespace dies when the shell ends.
 SANDBOX = """
-awk '{print $2}' /proc/self/mounts | while read -r m; do mount -o remount,bind,ro "$m" 2>/dev/null; done
-for d in /tmp /var/tmp /dev/shm; do
-  case "$1" in "$d"/*) continue;; esac  # never hide the interpreter (a checkout or venv under /tmp)
-  [ -d "$d" ] && mount -t tmpfs -o size=64m,mode=1777 tmpfs "$d"
+PATH=/usr/sbin:/usr/bin:/sbin:/bin
+prefix=$1; shift
+root=$PWD
+mount -t tmpfs -o size=64m,mode=755 tmpfs "$root" && cd "$root" || exit 111
+bind() { mkdir -p "$root$1" && mount --bind "$1" "$root$1" && mount -o remount,bind,ro "$root$1"; }
+for d in /usr "$prefix"; do bind "$d" || exit 111; done
+for l in bin sbin lib lib32 lib64 libx32; do
+  if [ -L "/$l" ]; then ln -sfn "$(readlink "/$l")" "$root/$l"; elif [ -d "/$l" ]; then bind "/$l" || exit 111; fi
 done
-cd /tmp || exit 111
-setpriv --bounding-set=-all --inh-caps=-all --no-new-privs "$@"
+mkdir -p "$root/dev" "$root/proc" "$root/tmp" || exit 111
+for f in null zero urandom; do : > "$root/dev/$f" && mount --bind "/dev/$f" "$root/dev/$f" || exit 111; done
+mount -t proc proc "$root/proc" && mount -t tmpfs -o size=64m,mode=1777 tmpfs "$root/tmp" || exit 111
+mount -o remount,bind,ro "$root" || exit 111
+chroot "$root" env -C /tmp setpriv --bounding-set=-all --inh-caps=-all --no-new-privs "$@"
 """
 # The program needs the standard library only: the base interpreter (outside any venv), by its real path.
 INTERPRETER = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
-NAMESPACES = ["--user", "--map-root-user", "--mount", "--net", "--pid", "--fork", "--kill-child", "--mount-proc"]
+NAMESPACES = ["--user", "--map-root-user", "--mount", "--net", "--ipc", "--pid", "--fork", "--kill-child",
+              "--mount-proc"]
+PROBE = ("import os, socket\n"
+         "assert not os.path.exists('/root') and not os.path.exists('/etc') and os.getcwd() == '/tmp'\n"
+         "try:\n    open('/probe', 'w')\nexcept OSError:\n    pass\nelse:\n    raise SystemExit(1)\n")
 
 
 @functools.cache
@@ -103,30 +209,39 @@ def run_as() -> tuple[str, dict]:
         try:
             if interpreter and subprocess.run([interpreter, "-I", "-c", "import json"], capture_output=True,
                                               timeout=30, env=ENV, cwd="/", **ids).returncode == 0:
-                return interpreter, ids
+                return os.path.realpath(interpreter), ids
         except (OSError, subprocess.TimeoutExpired):
             pass
     raise RuntimeError(f"code_exec: the evaluator runs as root and the user nobody can run neither {INTERPRETER} "
                        f"nor a python3 on {ENV['PATH']}; run the evaluator as an ordinary user")
 
 
+def _prefix(interpreter: str) -> str:
+    """The folder above the interpreter's bin/: its standard library lies beneath it."""
+    return os.path.dirname(os.path.dirname(interpreter))
+
+
 @functools.cache
 def sandbox_prefix() -> tuple[str, ...]:
-    """The command that puts a program in the namespaces, or () when this machine cannot make them."""
+    """The command that puts a program in the namespaces and its minimal root, or () when this machine cannot."""
     unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
-    if not (unshare and setpriv):
+    if not (unshare and setpriv and shutil.which("chroot", path="/usr/sbin:/usr/bin:/sbin:/bin")):
         return ()
-    prefix = (unshare, *NAMESPACES, "sh", "-c", SANDBOX, "sandbox")
+    interpreter, user = run_as()
+    prefix = (unshare, *NAMESPACES, "sh", "-c", SANDBOX, "sandbox", _prefix(interpreter))
     try:
-        probe = subprocess.run([*prefix, "sh", "-c", "touch /probe 2>/dev/null && exit 1; exit 0"],
-                               capture_output=True, timeout=30, env=ENV, cwd="/", **run_as()[1])
+        with tempfile.TemporaryDirectory() as folder:
+            if user:
+                os.chown(folder, user["user"], user["group"])
+            probe = subprocess.run([*prefix, interpreter, "-I", "-c", PROBE], capture_output=True, timeout=30,
+                                   env=ENV, cwd=folder, **user)
     except (OSError, subprocess.TimeoutExpired):
         return ()
     return prefix if probe.returncode == 0 else ()
 
 
 def isolated() -> bool:
-    """Whether generated code runs in the namespaces (no network, read-only filesystem, own PID space)."""
+    """Whether generated code runs in the namespaces (no network, a minimal read-only root, own PID and IPC space)."""
     return bool(sandbox_prefix())
 
 
@@ -157,42 +272,47 @@ def _kill_group(pgid: int) -> None:
 
 
 def _read_line(fd: int, deadline: float) -> bytes | None:
-    """One line from fd (without its newline), or None at end of file, past the deadline or past 256 bytes."""
-    line = b""
-    while not line.endswith(b"\n"):
+    """The first line the child writes (without its newline), or None at end of file, past the deadline or past
+    RESULT_BYTES."""
+    data = b""
+    while b"\n" not in data:
         left = deadline - time.monotonic()
-        if left <= 0 or len(line) > 256 or not select.select([fd], [], [], left)[0]:
+        if left <= 0 or len(data) > RESULT_BYTES or not select.select([fd], [], [], left)[0]:
             return None
-        chunk = os.read(fd, 1)
+        chunk = os.read(fd, 65536)
         if not chunk:
             return None
-        line += chunk
-    return line[:-1]
+        data += chunk
+    return data.split(b"\n", 1)[0]
 
 
-def _exchange(child: subprocess.Popen, source: bytes, deadline: float) -> bool:
-    """Send the source; answer the child's request with a fresh token only when it comes; true iff the token comes
-    back and the child exits with 0, all before the deadline."""
-    token = secrets.token_hex(TOKEN_BYTES).encode()
+def _results(child: subprocess.Popen, request: bytes, calls: int, deadline: float) -> list | None:
+    """Send the request; the calls' results as plain values, or None unless the child wrote exactly one well-formed
+    line of `calls` results, every one a value, and exited with 0, all before the deadline."""
     try:
-        child.stdin.write(b"%d\n" % len(source) + source)
-        child.stdin.flush()
-        if _read_line(child.stdout.fileno(), deadline) != b"ran":
-            return False
-        child.stdin.write(token + b"\n")
+        child.stdin.write(b"%d\n" % len(request) + request)
         child.stdin.close()
-        echoed = _read_line(child.stdout.fileno(), deadline)
-        return echoed == token and child.wait(timeout=max(0.0, deadline - time.monotonic())) == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+        written = _read_line(child.stdout.fileno(), deadline)
+        if written is None or child.wait(timeout=max(0.0, deadline - time.monotonic())) != 0:
+            return None
+        results = json.loads(written)
+        if not (isinstance(results, list) and len(results) == calls and all(
+                isinstance(r, dict) and set(r) == {"value"} for r in results)):
+            return None
+        return [from_plain(r["value"]) for r in results]
+    except (OSError, subprocess.TimeoutExpired, ValueError, RecursionError, MemoryError, TypeError):
+        return None
 
 
 def passes(program: str, tests: str, timeout: float = 10.0) -> bool:
-    """True iff `program` followed by `tests` (assert statements) runs to its end, within the timeout."""
+    """True iff `program` runs to its end and every assert of `tests` holds on the results of its functions, within
+    the timeout. UnsupportedTest: a test this executor cannot judge here (see the module's docstring)."""
+    checks = parse_tests(tests)
     deadline = time.monotonic() + timeout
     interpreter, user = run_as()
-    command = [*sandbox_prefix(), interpreter, "-I", "-c", RUNNER]
+    command = [*sandbox_prefix(), interpreter, "-I", "-c", CHILD]
     processes = _user_processes(user.get("user", os.getuid())) + EXTRA_PROCESSES
+    request = json.dumps({"source": program, "calls": checks.calls}).encode()
     with tempfile.TemporaryDirectory() as folder:
         if user:
             os.chown(folder, user["user"], user["group"])
@@ -200,7 +320,7 @@ def passes(program: str, tests: str, timeout: float = 10.0) -> bool:
                                  stderr=subprocess.DEVNULL, start_new_session=True, **user,
                                  preexec_fn=lambda: _limits(int(timeout) + 1, processes))
         try:
-            return _exchange(child, f"{program}\n\n{tests}\n".encode(), deadline)
+            results = _results(child, request, len(checks.calls), deadline)
         finally:
             _kill_group(child.pid)  # leftovers too: a run never leaves processes behind
             child.kill()
@@ -208,6 +328,7 @@ def passes(program: str, tests: str, timeout: float = 10.0) -> bool:
             for pipe in (child.stdin, child.stdout):
                 if not pipe.closed:
                     pipe.close()
+    return results is not None and checks.hold(results)
 
 
 def pass_at_1(references, predictions) -> float:
@@ -218,5 +339,15 @@ def pass_at_1(references, predictions) -> float:
         references = [references]
     if isinstance(predictions, str) or (predictions and isinstance(predictions[0], str)):
         predictions = [[p] for p in ([predictions] if isinstance(predictions, str) else predictions)]
-    results = [passes(candidates[0], tests) for tests, candidates in zip(references, predictions)]
+    results = [_judged(candidates[0], tests) for tests, candidates in zip(references, predictions)]
     return sum(results) / len(results)
+
+
+def _judged(program: str, tests: str) -> bool:
+    """passes(), with a test this executor cannot judge counted as failed and said on stderr (the harness's metric
+    must not stop a whole run for one problem)."""
+    try:
+        return passes(program, tests)
+    except UnsupportedTest as err:
+        print(f"code_exec: a test not judged, counted as failed: {err}", file=sys.stderr)
+        return False

@@ -1,8 +1,12 @@
-"""The MBPP executor: right and wrong programs, programs that stop before their tests, programs that hunt for the
-run's token (the runner's module, the caller's frames, gc, /proc/self, every descriptor) and then stop, and each
-hostile program (kill the evaluator, read its environment, write outside the folder, open sockets, leave children
-behind, fork without bound); as root, generated code runs as nobody; MBPP's few-shot examples are the harness's task
-ids 2, 3, 4 and pass their own tests."""
+"""The MBPP executor: the tests parsed into calls and conditions judged in this process; right and wrong programs;
+programs that stop before their tests; programs that hunt for anything to send back (the runner's module, the
+caller's frames, gc, /proc/self, every descriptor) and then stop; the wrong programs that passed the executor that
+ran the asserts inside the program's process (an `__eq__` always true, patched builtins, bytecode patched through
+ctypes, a trace function jumping over the asserts, a success message sent from atexit, a thread or an except hook);
+each hostile program (kill the evaluator, read its environment or a file of the host, write outside its folder,
+open sockets, connect to a unix socket of the host, leave System V shared memory or children behind, fork without
+bound), with canaries that must stay untouched; as root, generated code runs as nobody; MBPP's few-shot examples are
+the harness's task ids 2, 3, 4 and pass their own tests."""
 import json
 import os
 import socket
@@ -72,15 +76,14 @@ THIEVES = {
 
 
 @pytest.mark.parametrize("where", sorted(THIEVES))
-def test_a_program_that_steals_the_token_fails(where):
-    """The earlier executor kept its sentinel in the runner's module, where each of these found it and passed
-    without running a test; now no token exists in the child until its tests have run."""
+def test_a_program_that_hunts_for_something_to_send_back_fails(where):
+    """An executor once kept its sentinel in the runner's module, where each of these found it and passed without
+    running a test; now the child holds nothing that could pass: the verdict is computed here."""
     assert not passes("def add(a, b):\n    return 0\n" + THIEVES[where] + REPORT, TESTS)
 
 
-@pytest.mark.xfail(strict=True, reason="documented limit: a program written against this harness can imitate the "
-                                       "runner's end-of-run exchange instead of passing its tests")
-def test_a_program_that_imitates_the_runner_fails():
+def test_a_program_that_imitates_the_earlier_runner_fails():
+    """The earlier executor's documented limit: it passed this program, which imitates its end-of-run exchange."""
     imitator = ("import os, select\nfor fd in range(3, 16):\n    try:\n        os.write(fd, b'ran\\n')\n"
                 "    except OSError:\n        pass\nfor fd in range(3, 16):\n    try:\n"
                 "        if select.select([fd], [], [], 1)[0]:\n            token = os.read(fd, 64)\n"
@@ -210,3 +213,139 @@ def test_mbpp_fewshot_examples_are_the_harness_task_ids():
     assert [r["task_id"] for r in rows] == [2, 3, 4]
     assert all(passes(r["code"], "\n".join(r["test_list"])) for r in rows)  # the reference solutions pass
     assert json.loads(json.dumps(rows)) == rows
+
+
+# ---- the tests stay here -------------------------------------------------------------------------------------------
+def test_the_tests_become_calls_and_conditions_judged_here():
+    checks = code_exec.parse_tests("import math\nassert set(f([1, 2], k=3)) == set([1])\n"
+                                   "assert math.isclose(g(-1.5), 2.0, rel_tol=0.01)\nassert not h((1, 'a'))")
+    assert checks.calls == [("f", {"tuple": [[1, 2]]}, {"dict": [["k", 3]]}), ("g", {"tuple": [-1.5]}, {"dict": []}),
+                            ("h", {"tuple": [{"tuple": [1, "a"]}]}, {"dict": []})]
+    assert checks.hold([[1], 2.01, 0]) and not checks.hold([[1, 2], 2.01, 0]) and not checks.hold([[1], 2.5, 0])
+    assert not checks.hold([None, 2.0, 0])  # a condition that raises (set(None)) fails
+
+
+@pytest.mark.parametrize("tests,match", [("assert f(x) == 1", "arguments must be literals"),
+                                         ("assert f(g(1)) == 1", "arguments must be literals"),
+                                         ("x = 1\nassert f(x) == 1", "only asserts and imports"),
+                                         ("assert f(1) ==", "do not parse")])
+def test_a_test_that_cannot_be_judged_here_is_one_line(tests, match):
+    with pytest.raises(code_exec.UnsupportedTest, match=match):
+        passes("def f(x): return x", tests)
+    assert pass_at_1([tests], [["def f(x): return x"]]) == 0.0  # the harness's metric counts it failed
+
+
+def test_values_cross_in_their_plain_form_only():
+    program = "def f():\n    return (1, {2: b'x'}, {3}, frozenset([4]), 1 + 2j, float('inf'), [None, True, 'y'])\n"
+    assert passes(program, "assert f() == (1, {2: b'x'}, {3}, frozenset([4]), 1 + 2j, float('inf'), [None, True, 'y'])")
+    assert not passes(program.replace("(1,", "[1,").replace("'y'])", "'y']]"),  # a list is no tuple
+                      "assert f() == (1, {2: b'x'}, {3}, frozenset([4]), 1 + 2j, float('inf'), [None, True, 'y'])")
+    assert not passes("def f():\n    return object()", "assert f() is not None")  # no plain form: a failure
+
+
+# Wrong programs that try to make their tests pass anyway (issue 37 item 2 lists the kinds that passed the executor
+# which ran the asserts inside the program's process: the first three passed it on these tests).
+ALWAYS_EQUAL = "class Yes:\n    def __eq__(self, other):\n        return True\n"
+SET_TESTS = "assert set([add(1, 2)]) == set([3])\nassert sorted([add(2, 2), 0]) == [0, 4]"
+WRONG = {
+    "an __eq__ that is always true": (ALWAYS_EQUAL + "def add(a, b):\n    return Yes()\n", TESTS),
+    "an int whose __eq__ is always true": ("class Yes(int):\n    def __eq__(self, other):\n        return True\n"
+                                           "    __hash__ = int.__hash__\ndef add(a, b):\n    return Yes(7)\n", TESTS),
+    "builtins patched": ("import builtins\nbuiltins.set = lambda *a: 1\nbuiltins.sorted = lambda *a: [0, 4]\n"
+                         "def add(a, b):\n    return a * b\n", SET_TESTS),
+    "code objects overwritten through ctypes": (
+        "import ctypes, sys\ndef add(a, b):\n    return 0\nf = sys._getframe()\nwhile f:\n"
+        "    code = f.f_code.co_code\n    try:\n"
+        "        ctypes.memset(id(code) + bytes.__basicsize__ - 1, 9, len(code))\n"
+        "    except Exception:\n        pass\n    f = f.f_back\n", TESTS),
+    "a trace function moving the caller's line": (
+        "import sys\ndef add(a, b):\n    return 0\ndef jump(frame, event, arg):\n    if event == 'line':\n"
+        "        try:\n            frame.f_lineno = frame.f_code.co_firstlineno\n"
+        "        except (ValueError, AttributeError):\n            pass\n    return jump\nsys.settrace(jump)\n"
+        "caller = sys._getframe().f_back\nif caller:\n    caller.f_trace = jump\n", TESTS),
+    "a success message from atexit": (
+        "import atexit, os\ndef add(a, b):\n    return 0\ndef fake():\n    for fd in range(1, 16):\n"
+        "        try:\n            os.write(fd, b'ran\\n[{\"value\": true}, {\"value\": true}]\\n')\n"
+        "        except OSError:\n            pass\natexit.register(fake)\nraise SystemExit\n", TESTS),
+    "a success message from a thread": (
+        "import os, threading, time\ndef add(a, b):\n    return 0\ndef fake():\n    time.sleep(0.2)\n"
+        "    for fd in range(1, 16):\n        try:\n            os.write(fd, b'[{\"value\": 1}, {\"value\": 1}]\\n')\n"
+        "        except OSError:\n            pass\nthreading.Thread(target=fake).start()\n", TESTS),
+    "a success message from an except hook after a failed assert": (
+        "import os, sys\ndef add(a, b):\n    return 0\ndef hook(*args):\n    for fd in range(1, 16):\n"
+        "        try:\n            os.write(fd, b'[{\"value\": 1}, {\"value\": 1}]\\n')\n"
+        "        except OSError:\n            pass\n    os._exit(0)\nsys.excepthook = hook\n"
+        "assert add(2, 3) == 5\n", TESTS),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WRONG))
+def test_a_wrong_program_never_passes(name):
+    program, tests = WRONG[name]
+    assert not passes(program, tests)
+    assert passes(ADD, tests)  # the same tests pass a right program
+
+
+# ---- escapes, with canaries ------------------------------------------------------------------------------------------
+LIBC = "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.shmget.restype = ctypes.c_int\n"
+
+
+def _segments() -> set[str]:
+    """The System V shared-memory segments this machine's IPC namespace holds (their ids)."""
+    lines = Path("/proc/sysvipc/shm").read_text().splitlines()[1:]
+    return {line.split()[1] for line in lines}
+
+
+@needs_namespaces
+def test_shared_memory_neither_outlives_the_run_nor_reaches_a_canary_segment():
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    key = 0x5A000000 + os.getpid() % 0xFFFF
+    canary = libc.shmget(key, 4096, 0o1000 | 0o600)  # IPC_CREAT
+    assert canary >= 0
+    try:
+        before = _segments()
+        grabber = LIBC + (f"seg = libc.shmget(0, 64 << 20, 0o1000 | 0o600)\nassert seg >= 0\n"  # IPC_PRIVATE, 64 MiB
+                          f"libc.shmat.restype = ctypes.c_void_p\n"
+                          f"ctypes.memset(libc.shmat(seg, None, 0), 1, 64 << 20)\n"
+                          f"theirs = libc.shmget({key}, 0, 0)\nassert theirs < 0\n")  # the canary's key: not there
+        assert passes(grabber + ADD, TESTS)
+        assert _segments() == before  # its 64 MiB segment went with its IPC namespace
+        assert libc.shmget(key, 0, 0) == canary  # the canary is still there
+    finally:
+        libc.shmctl(canary, 0, None)  # IPC_RMID
+
+
+@needs_namespaces
+def test_no_unix_socket_of_the_host_is_reachable():
+    """A socket file outside /tmp (the earlier sandbox hid only /tmp, /var/tmp and /dev/shm: this one was reachable
+    through its read-only mounts) and an abstract one."""
+    path = Path(__file__).parent / f".canary-{os.getpid()}.sock"
+    named, abstract = socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)
+    named.bind(str(path))
+    path.chmod(0o777)  # anyone may connect (as to a desktop session's or a container runtime's socket)
+    abstract.bind(f"\0swax-canary-{os.getpid()}")
+    for canary in (named, abstract):
+        canary.listen()
+        canary.setblocking(False)
+    client = ("import socket\nfor address in ({!r}, {!r}):\n    s = socket.socket(socket.AF_UNIX)\n    try:\n"
+              "        s.connect(address)\n        raise SystemExit(3)\n    except OSError:\n        pass\n")
+    assert passes(client.format(str(path), f"\0swax-canary-{os.getpid()}") + ADD, TESTS)
+    try:
+        for canary in (named, abstract):
+            with pytest.raises(BlockingIOError):
+                canary.accept()  # nobody connected
+    finally:
+        named.close(), abstract.close(), path.unlink()
+
+
+@needs_namespaces
+def test_no_file_of_the_host_is_readable(tmp_path):
+    """The minimal root holds /usr, the interpreter and three devices: not the data a program could look answers up
+    in (this test file, the lm-eval task files), nor the evaluator's folders."""
+    answers = tmp_path / "answers.json"
+    answers.write_text("[5, 0]")
+    reader = "".join(f"import os\nassert not os.path.exists({str(p)!r})\n"
+                     for p in (answers, Path(__file__), Path.home(), Path("/etc/passwd")))
+    assert passes(reader + ADD, TESTS)
