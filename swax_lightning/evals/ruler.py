@@ -12,7 +12,9 @@ essay sentences by spaces, as in RULER.
 Decisions:
 - Context length is counted in the model's own tokens: the haystack is sized by bisection on its number of units,
   then on the words of one more partial unit, so that prompt + answer prefix fill `length - max_new_tokens` tokens
-  as closely as the tokenizer allows, never more.
+  as closely as the tokenizer allows, never more. That last unit ends mid-sentence, by design: RULER sizes its
+  essay haystack by a count of words as well (a sentence there is cut wherever the count ends), and a whole-unit
+  haystack would fall short of the length by up to a unit (a noise block, a needle).
 - The queried needle sits at the requested depth, measured in characters of the haystack (0 = first, 1 = last), for
   every haystack (RULER places needles at random in the noise and needle haystacks); other needles of the sample go to
   seeded random places. Everything is a pure function of (seed, task, length, depth, index).
