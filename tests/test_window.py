@@ -119,3 +119,17 @@ def test_resume_continues_the_same_windows_and_losses(tmp_path, data_dir):
             assert parts[step] == pytest.approx(full[step], rel=1e-6, abs=1e-7), (key, step)
     windows = _series(tmp_path / "full", "full", "train/window")
     assert {windows[s] for s in range(9)} == {8.0, 32.0} and windows[9] == 32.0  # sampled, then annealed
+
+
+@pytest.mark.parametrize("windows,logged", [([16], False), ([4, 64], True)])
+def test_the_short_window_fraction_is_logged_only_where_there_are_two_windows(windows, logged):
+    """A fixed-window arm logged a short-window fraction of 1.0, as if it trained at a short window."""
+    from types import SimpleNamespace
+
+    seen = []
+    callback = StochasticWindow(windows=windows, anneal_fraction=0.0)
+    trainer = SimpleNamespace(global_step=0, max_steps=10, loggers=[SimpleNamespace(
+        log_metrics=lambda metrics, step: seen.append(metrics))])
+    module = SimpleNamespace(model=SimpleNamespace(set_window=lambda w: None))
+    callback.on_train_batch_start(trainer, module, None, 0)
+    assert ("train/short_window_fraction" in seen[0]) == logged and "train/window" in seen[0]

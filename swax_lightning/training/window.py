@@ -13,8 +13,8 @@ Decisions:
   moves only the anneal point.
 - One window per optimizer step: micro-batches of one step under gradient accumulation share `global_step`, hence
   the window. All SWA layers get it at once through `SWAXModel.set_window`.
-- Logged every optimizer step, straight to the loggers: train/window and train/short_window_fraction (share of steps
-  so far at the smallest window).
+- Logged every optimizer step, straight to the loggers: train/window and, where the schedule has more than one
+  window, train/short_window_fraction (share of steps so far at the smallest window).
   The counts behind the fraction are the callback's state and go into the checkpoint.
 """
 from __future__ import annotations
@@ -107,10 +107,12 @@ class StochasticWindow(Callback):
         if step >= self.steps_counted:  # count and log each optimizer step once, whatever the accumulation
             self.steps_counted = step + 1
             self.short_steps += window == self.short_window
+            metrics = {"train/window": window}
+            if len(set(self.windows) | {self.anneal_window}) > 1:  # a single-window arm has no short window to count
+                metrics["train/short_window_fraction"] = self.short_steps / self.steps_counted
             # Straight to the loggers (rank zero only): self.log would thin this out to log_every_n_steps.
             for logger in trainer.loggers:
-                logger.log_metrics({"train/window": window,
-                                    "train/short_window_fraction": self.short_steps / self.steps_counted}, step=step)
+                logger.log_metrics(metrics, step=step)
 
     def _use_eval_window(self, trainer, pl_module) -> None:
         pl_module.model.set_window(self.eval_window)
