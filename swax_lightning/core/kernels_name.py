@@ -18,7 +18,9 @@ import sys
 from pathlib import Path
 
 NAME = "kernels"
-FOLDER = (Path(__file__).resolve().parents[2] / NAME).resolve()  # the checkout's kernels/ (the link's target)
+# swax_lightning.kernels as it resolves: a checkout's top-level kernels/ (the link's target), or an installed package's
+# own copy under swax_lightning/, which no sys.path entry holds as a top-level `kernels` (the finder then steps aside)
+FOLDER = (Path(__file__).resolve().parents[1] / NAME).resolve()
 
 
 def _is_checkout_root(entry: str) -> bool:

@@ -187,7 +187,7 @@ chroot "$root" env -C /tmp setpriv --bounding-set=-all --inh-caps=-all --no-new-
 INTERPRETER = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
 NAMESPACES = ["--user", "--map-root-user", "--mount", "--net", "--ipc", "--pid", "--fork", "--kill-child",
               "--mount-proc"]
-PROBE = ("import os, socket\n"
+PROBE = ("import os\n"
          "assert not os.path.exists('/root') and not os.path.exists('/etc') and os.getcwd() == '/tmp'\n"
          "try:\n    open('/probe', 'w')\nexcept OSError:\n    pass\nelse:\n    raise SystemExit(1)\n")
 

@@ -68,6 +68,7 @@ def write_startup_file() -> str:
 def install() -> None:
     if MODELS in sys.modules:
         register()
+    # by name: the start-up file and sitecustomize each run this file afresh, so each has a class of its own
     elif not any(type(finder).__name__ == RegisterAfterModels.__name__ for finder in sys.meta_path):
         sys.meta_path.insert(0, RegisterAfterModels())
 

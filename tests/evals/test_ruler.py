@@ -106,24 +106,22 @@ W = 256
 QUESTION_RE = re.compile(r"What (?:is|are all) the special magic \w+ for .+ mentioned in the provided text\?")
 
 
-def run_suite_niah(suite, window: int | None) -> tuple[dict, list]:
-    """The suite's own NIAH run (its job list, its samples, its scoring), with a model that answers every needle it
-    can read: in the last `window` tokens of the prompt, or in all of it (window None)."""
-    from swax_lightning.evals import suite as suite_module
+def reader(window: int | None):
+    """A model that answers every needle it can read: in the last `window` tokens of the prompt, or in all of it."""
+    def answer(text: str) -> str:
+        seen = TOK.decode(TOK.encode(text)[-window:]) if window else text
+        return oracle(seen, QUESTION_RE.findall(seen)[-1]) if QUESTION_RE.search(seen) else ""
+    return answer
 
-    def continue_texts(model, tokenizer, texts, max_new_tokens, **decoding):  # inference.continue_texts' signature
-        seen = [TOK.decode(TOK.encode(text)[-window:]) if window else text for text in texts]
-        return [oracle(text, QUESTION_RE.findall(text)[-1]) if QUESTION_RE.search(text) else "" for text in seen]
 
+def run_suite_niah(suite, window: int | None, answering) -> tuple[dict, list]:
+    """The suite's own NIAH run (its job list, its samples, its scoring, its budget) with reader(window)."""
+    answering(reader(window))
     samples = []
-    original, suite_module.continue_texts = suite_module.continue_texts, continue_texts
-    try:
-        return suite.evaluation("niah").run(None, SimpleNamespace(tokenizer=TOK), samples), samples
-    finally:
-        suite_module.continue_texts = original
+    return suite.evaluation("niah").run(None, SimpleNamespace(tokenizer=TOK), samples), samples
 
 
-def test_a_window_only_model_scores_at_most_5_on_every_task_through_the_suites_dealing():
+def test_a_window_only_model_scores_at_most_5_on_every_task_through_the_suites_dealing(answering):
     """The suite's default grid (40 depths, 40 samples per task and length), every task: a model that sees only its
     last W tokens scores at most 5% from 16W on, on every task, while one that reads the whole prompt scores 100.
     With the earlier dealing (depth (i x 8 + t) mod 40, 5 samples per task) each task saw 5 depths and the task
@@ -131,12 +129,12 @@ def test_a_window_only_model_scores_at_most_5_on_every_task_through_the_suites_d
     suite = EvalSuite(niah=dict(tasks=sorted(ruler.TASKS), lengths=[16 * W, 32 * W, 64 * W]))
     niah = suite.evaluation("niah").settings
     assert niah.samples == 40 and len(niah.depths) == 40  # the defaults
-    window, samples = run_suite_niah(suite, W)
+    window, samples = run_suite_niah(suite, W, answering)
     for task in ruler.TASKS:
         for length in niah.lengths:
             cell = window["scores"][task][str(length)]
             assert cell["n"] == 40 and cell["mean"] <= 5.0, (task, length, cell)
-    full, _ = run_suite_niah(suite, None)
+    full, _ = run_suite_niah(suite, None, answering)
     assert all(c["mean"] == 100.0 for row in full["scores"].values() for c in row.values())
     depths = defaultdict(list)
     for sample in samples:
@@ -160,11 +158,11 @@ def test_a_model_answering_in_rulers_format_scores_100_on_every_task_with_any_to
     assert all(blind["scores"][task]["4096"]["mean"] == 0.0 for task in ruler.TASKS)
 
 
-def test_few_depths_let_a_window_only_model_score_20():
+def test_few_depths_let_a_window_only_model_score_20(answering):
     """The test above can fail: with depths 0, .25, .5, .75, 1 the needle at depth 1 sits inside the window, and the
     window-only model scores 20 at 32W."""
     suite = EvalSuite(niah=dict(tasks=["niah_single_1"], lengths=[32 * W], samples=5, depths=5))
-    window, _ = run_suite_niah(suite, W)
+    window, _ = run_suite_niah(suite, W, answering)
     assert window["scores"]["niah_single_1"][str(32 * W)]["mean"] == 20.0
 
 
