@@ -335,3 +335,20 @@ def test_the_answer_budget_in_tokens_follows_the_tokenizer(bpe_tokenizer):
     assert byte.answer_tokens("qa1") == babilong.ANSWER_CHARS  # one byte, one token
     assert 0 < bpe.answer_tokens("qa1") < babilong.ANSWER_CHARS
     assert bpe.sample("qa1", 1024).n_tokens <= 1024 - bpe.answer_tokens("qa1")
+
+
+def test_the_suites_generation_ends_when_the_answer_is_complete():
+    """The real path (EvalSuite.generate -> continue_texts -> generate): done(text so far) ends the generation, as
+    BABILong's first-sentence rule uses it; without it the budget runs out."""
+    import torch
+
+    from swax_lightning.evals.suite import EvalSuite
+    from swax_lightning.model.config import ModelConfig
+    from swax_lightning.model.model import SWAXModel
+
+    torch.manual_seed(0)
+    model = SWAXModel(ModelConfig(d_model=32, n_layers=2, n_heads=2, mlstm_heads=2, window=8)).eval()
+    suite = EvalSuite()
+    whole = suite.generate(model, TOK, "Where is Mary?", 12, "babilong", 0)
+    cut = suite.generate(model, TOK, "Where is Mary?", 12, "babilong", 0, done=lambda text: len(text) >= 3)
+    assert whole.startswith(cut) and 3 <= len(cut) < len(whole)  # the same greedy tokens, ended early
