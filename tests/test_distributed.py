@@ -361,7 +361,9 @@ def test_a_rank_left_waiting_in_a_collective_ends_every_rank_with_one_line(tmp_p
                 "--trainer.strategy", strategy, *_common(tmp_path, data_dir, tmp_path / "records"), *STALL])
     assert run.returncode != 0 and (tmp_path / "records/extra-forward-rank1").exists()
     lines = _rank_lines(run.stderr)
-    assert sorted(lines) == [0, 1] and all("in validate" in line for line in lines.values()), lines
+    # Whichever watchdog fires first stops the other rank, so that rank says "SIGTERM during validate" or
+    # "no progress in validate": both name the phase.
+    assert sorted(lines) == [0, 1] and all(" validate" in line for line in lines.values()), lines
     assert "no progress in validate" in "".join(lines.values()) and "Traceback" not in run.stderr
 
 
