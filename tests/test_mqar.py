@@ -38,7 +38,9 @@ def test_training_documents_answer_every_query_inside_the_long_window():
     answered = answers_by_reading(doc)
     assert len(answered) == len(reaches) == 6 * len(doc.splitlines()) and all(a == b for a, b in answered)
     assert max(reaches) <= mqar.max_reach(6, 2, 24) == 57 and min(reaches) >= 3  # a long window of 64 holds them
-    gaps = [len(re.search(r"\d*", line[6 * 3:]).group()) for line in doc.splitlines()]
+    lead, body = doc[:mix.fresh_chars], doc[mix.fresh_chars:]
+    assert lead.isdigit() and len(lead) == 64  # the leading filler: nothing before it is in a query's reach
+    gaps = [len(re.search(r"\d*", line[6 * 3:]).group()) for line in body.splitlines()]
     assert min(gaps) == 0 and max(gaps) == 24
 
 
@@ -74,6 +76,10 @@ def test_shapes_without_a_whole_key_set_are_refused_by_name():
         RecallMix(kind="pairs")
     with pytest.raises(ValueError, match="RecallMix.max_gap"):
         RecallMix(kind="mqar", max_gap=-1)
+    # 8 one-letter keys per episode: 2 neighbours within 64 characters leave 10 letters, 3 (within 99) only 2
+    RecallMix(kind="mqar", pairs=8, fresh_chars=66)
+    with pytest.raises(ValueError, match=r"RecallMix.fresh_chars = 99: up to 3 earlier episodes .* leave 2 of 26"):
+        RecallMix(kind="mqar", pairs=8, fresh_chars=99)
 
 
 class SeesBack(torch.nn.Module):
@@ -268,3 +274,44 @@ def test_the_training_loader_reads_marked_mqar_blocks_and_still_names_a_foreign_
     foreign[0, 0] = 257
     with pytest.raises(InputError, match="holds token id 257, outside the tokenizer's 257 ids"):
         within_vocabulary(foreign, 257, tmp_path / "shards/train")
+
+
+@pytest.mark.parametrize("fresh_chars", [64, 0])
+def test_the_training_stream_holds_recall_beyond_the_window_and_no_stale_pair_within_it(tmp_path, fresh_chars):
+    # Through the prepared shards (what training reads, documents shuffled among source text that has camelCase
+    # names): with fresh_chars = the long window (64), every query's nearest earlier pair with its key is its own
+    # stated pair, no pair with its key and another value lies within 64 tokens, and a share of the queries reach
+    # beyond 64. With fresh_chars 0 (episodes drawn freely, as before) stale pairs are there: the check can fail.
+    from litdata import StreamingDataset, TokensLoader
+
+    from swax_lightning.data.datamodule import TextDataModule
+    from swax_lightning.data.loss_mask import CONTEXT_ONLY
+
+    source = tmp_path / "text"
+    source.mkdir()
+    for i in range(30):
+        (source / f"code{i}.py").write_text(f"def getAttr{i}(self):\n    return self.isA and self.hasB\n" * 20)
+    data = TextDataModule(source=str(source), data_dir=str(tmp_path / "shards"), seq_len=64, batch_size=2,
+                          val_fraction=0.1, test_fraction=0.1,
+                          recall=RecallMix(kind="mqar", documents=12, doc_chars=3000, max_gap=160,
+                                           fresh_chars=fresh_chars))
+    data.prepare_data()
+    stream = StreamingDataset(str(tmp_path / "shards/train"), item_loader=TokensLoader(block_size=65))
+    raw = torch.cat([torch.as_tensor(stream[i]) for i in range(len(stream))]).tolist()
+    text = "".join(chr(t % CONTEXT_ONLY) if t % CONTEXT_ONLY < 256 else "\n" for t in raw)
+    queries = [p for p in range(1, len(raw))  # a scored value after a context-only key (not a document's end)
+               if raw[p] < CONTEXT_ONLY <= raw[p - 1] and text[p].isupper()]
+    stale, reaches = 0, []
+    for p in queries:
+        key, value = text[p - 1], text[p]
+        pairs = [j for j in range(p - 2, -1, -1) if text[j] == key and text[j + 1].isupper()]
+        reaches.append(p - (pairs[0] + 1))
+        stale += any(text[j + 1] != value for j in pairs if p - j <= 64)
+        if fresh_chars:
+            assert text[pairs[0] + 1] == value, p  # the nearest pair with this key is the one asked for
+    assert len(queries) > 500
+    if fresh_chars:
+        assert stale == 0
+        assert sum(r > 64 for r in reaches) / len(reaches) > 0.3  # recall beyond the long window
+    else:
+        assert stale / len(queries) > 0.03  # 6% here (max_gap 160); 31% at the old study's max_gap 16

@@ -18,6 +18,9 @@ every swax-lightning run shares.
   file, Lightning's MisconfigurationException, a launch whose ranks would never all come, an unreadable config or
   checkpoint) are one line, `error: <message>`, on stderr with exit code 2 and no traceback (SWAX_DEBUG=1 shows it).
   Any other exception is a bug and keeps its traceback.
+- One seed per run: `seed_everything` (the initial weights) also sets `data.seed` (the training stream's order and
+  the recall documents) and `window.seed` (the window schedule), so two seeds differ in all three and one seed
+  repeats a run exactly; the two fields cannot be set apart. A `seed_everything: true` (a random seed) leaves them 0.
 - After `fit`: environment.json (what the fit ran on, environment.py), and the run's settings as every logger's
   hyperparameters; TensorBoard gets one HPARAMS entry with the final validation metrics (hp/val_loss, hp/val_bpb).
 """
@@ -124,6 +127,8 @@ class SwaxCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_lightning_class_args(StochasticWindow, "window")
         parser.add_lightning_class_args(EvalSuite, "eval")
+        for target in ("data.seed", "window.seed"):
+            parser.link_arguments("seed_everything", target, compute_fn=run_seed)
         parser.add_argument("--experiment", type=str | None, default=None,
                             help="Study name: the run goes to <save_dir>/<experiment>/<arm>/")
         parser.add_argument("--arm", type=str | None, default=None,
@@ -183,6 +188,12 @@ class SwaxCLI(LightningCLI):
         if self.trainer.is_global_zero:
             write_text(run_folder(self.trainer) / ENVIRONMENT_FILE, json.dumps(describe(), indent=2) + "\n")
         rank_zero_only(print)(fit_summary(self.trainer, metrics))
+
+
+def run_seed(seed_everything) -> int:
+    """The seed the data and the window schedule take from `seed_everything`: the integer itself; 0 for true/false
+    (LightningCLI draws a true's seed only after parsing)."""
+    return 0 if isinstance(seed_everything, bool) or seed_everything is None else int(seed_everything)
 
 
 def fit_summary(trainer, metrics: dict) -> str:

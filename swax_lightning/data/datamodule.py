@@ -24,7 +24,8 @@ Decisions:
   shuffles chunks and the items inside each, so a short run reads one chunk's documents only, and in source order
   those would be a few neighbouring files, or none of the recall documents appended after the text.
 - `recall` adds synthetic long-range recall documents (recall_documents.py) to the training split only, so
-  validation and test losses stay those of the source's text; meta.json records their tokens and share. An
+  validation and test losses stay those of the source's text; meta.json records their tokens and share. They are
+  written from `seed` (the run's), so the default folder's name carries a digest of the mix and the seed. An
   associative-recall document's tokens other than its queried values are written marked context-only (int32
   shards; loss_mask.py), so that training scores the values alone.
 - `data_dir` may be an s3:// folder (remote.py): prepared in a local cache by the same code, checked and uploaded
@@ -106,7 +107,7 @@ def _tokenizer(spec: str):
 
 
 def tokenize_ref(position: int, refs: list[str], source: str, tokenizer: str, val_fraction: float,
-                 test_fraction: float, recall: dict | None, staging: Path) -> None:
+                 test_fraction: float, recall: dict | None, recall_seed: int, staging: Path) -> None:
     """Reads `refs[position]` once and writes the tokens of its documents, each followed by the end-of-text id, to
     staging/<position>.npz, one array per split (a recall document, ref "recall:<index>", belongs to the training
     split), and to staging/<position>.json what meta.json needs from it: the validation text's bytes and tokens, the
@@ -118,7 +119,7 @@ def tokenize_ref(position: int, refs: list[str], source: str, tokenizer: str, va
     tokens = {split: [] for split in SPLITS}
     counts = {"val_bytes": 0, "val_tokens": 0, "recall_tokens": 0, "undecodable": None}
     if ref.startswith(RECALL_PREFIX):
-        pieces = training_pieces(int(ref[len(RECALL_PREFIX):]), mix)
+        pieces = training_pieces(int(ref[len(RECALL_PREFIX):]), mix, recall_seed)
         ids = [t for piece, scored in pieces for t in mark(tok.encode(piece), scored)] + [tok.eos_id]
         tokens["train"].append(ids)
         counts["recall_tokens"] = len(ids)
@@ -224,7 +225,8 @@ class TextDataModule(L.LightningDataModule):
         val_fraction: Share of documents held out for validation (split by document).
         test_fraction: Share of documents held out for `main.py test` (split by document, disjoint from val).
         num_workers: DataLoader worker processes.
-        seed: Shuffle seed of the training stream.
+        seed: Seed of the training stream's shuffle and of the recall documents (main.py sets it to the run's
+            seed_everything: two seeds, two data orders and two recall corpora).
         verify_checksums: Compare every shard's sha256 with the one recorded at preparation before using it (reads
             the shards once, ~1 GB/s; sizes are always checked).
         recall: Synthetic long-range recall documents added to the training split (swax_lightning/data/recall_documents.py:
@@ -276,9 +278,15 @@ class TextDataModule(L.LightningDataModule):
         self._verified = False
 
     def _slug(self) -> str:
+        """The default folder's name: source, tokenizer and seq_len, and for a recall mix a digest of it and of the
+        seed (each seed writes its own recall documents, so each gets its own folder)."""
         src = "embedded" if self.source == EMBEDDED else Path(self.source).name
         tok = "byte" if self.tokenizer_spec == "byte" else Path(self.tokenizer_spec).stem
-        return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{src}-{tok}-{self.seq_len}")
+        recall = ""
+        if self.recall:
+            digest = hashlib.sha256(json.dumps([asdict(self.recall), self.seed], sort_keys=True).encode()).hexdigest()
+            recall = f"-recall-{digest[:10]}"
+        return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{src}-{tok}-{self.seq_len}{recall}")
 
     def _expected_meta(self) -> dict:
         """The settings that define the shards; with source null only seq_len (the tokenizer is checked apart)."""
@@ -286,7 +294,8 @@ class TextDataModule(L.LightningDataModule):
             return {"seq_len": self.seq_len}
         return {"source": self.source, "tokenizer": self.tokenizer_spec, "seq_len": self.seq_len,
                 "val_fraction": self.val_fraction, "test_fraction": self.test_fraction,
-                "recall": asdict(self.recall) if self.recall else None, "train_order": TRAIN_ORDER,
+                "recall": asdict(self.recall) if self.recall else None,
+                "recall_seed": self.seed if self.recall else None, "train_order": TRAIN_ORDER,
                 "split_by": SPLIT_BY}
 
     @property
@@ -372,7 +381,8 @@ class TextDataModule(L.LightningDataModule):
         or raises with one alive."""
         staging.mkdir(parents=True)
         settings = dict(source=self.source, tokenizer=self.tokenizer_spec, val_fraction=self.val_fraction,
-                        test_fraction=self.test_fraction, recall=asdict(self.recall) if self.recall else None)
+                        test_fraction=self.test_fraction, recall=asdict(self.recall) if self.recall else None,
+                        recall_seed=self.seed)
         n = min(os.cpu_count() or 1, max(1, len(inputs)))
         context = multiprocessing.get_context(START_METHOD)
         # Daemons: should one ever escape, the interpreter's exit stops it instead of waiting for it.

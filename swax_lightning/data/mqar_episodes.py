@@ -23,7 +23,12 @@ key_length + 1 characters it runs from gap + key_length + 1 (the last pair, aske
 Decisions:
 - Everything is a pure function of (seed, index) (training) or (seed, gap, index) (evaluation), through string
   seeds of separate namespaces, so the corpus and the evaluation are the same on every machine and never share an
-  episode's random stream.
+  episode's random stream. The training seed is the run's (TextDataModule passes its seed): two seeds, two corpora.
+- Fresh keys: a training episode's keys share no letter with the keys of any earlier episode that ends within
+  `fresh_chars` characters before it, so no query has an earlier pair with its key (and another value) within that
+  reach: set it to the long window and no stale pair is in sight of attention. A training document starts with
+  `fresh_chars` filler digits, so nothing before it in the stream (another episode, or source code such as
+  `getAttr`, whose `tA` reads as a pair) lies within that reach of its queries. Evaluation episodes stand alone.
 - A training document is episodes up to doc_chars characters: blocks of the training split then hold many whole
   episodes, and cut at most one per block boundary. Only its queried values are scored (`training_pieces`;
   loss_mask.py): the keys, stated values and filler are random, there to be read.
@@ -80,12 +85,23 @@ def max_reach(pairs: int, key_length: int, gap: int) -> int:
     return (2 * pairs - 1) * pair_chars(key_length) + gap
 
 
-def key_set(rng: random.Random, pairs: int, key_length: int) -> list[str]:
+def fewest_letters(pairs: int, key_length: int) -> int:
+    """The smallest alphabet that spells `pairs` distinct keys of `key_length` letters."""
+    return max(2, math.ceil(pairs ** (1 / key_length) - 1e-9))
+
+
+def most_letters(pairs: int, key_length: int) -> int:
+    """The largest alphabet an episode's keys may use (key_set tries a few sizes beyond the fewest)."""
+    return pairs if key_length == 1 else fewest_letters(pairs, key_length) + EXTRA_LETTERS
+
+
+def key_set(rng: random.Random, pairs: int, key_length: int, avoid: frozenset[str] = frozenset()) -> list[str]:
     """`pairs` distinct keys in which only the whole key names its pair (module docstring), in the fewest letters that
-    allow it (the alphabet itself drawn from a-z)."""
-    fewest = max(2, math.ceil(pairs ** (1 / key_length) - 1e-9))
-    for letters in range(fewest, min(fewest + EXTRA_LETTERS, len(LETTERS)) + 1):
-        alphabet = rng.sample(LETTERS, letters)
+    allow it (the alphabet itself drawn from a-z without the letters in `avoid`)."""
+    available = [c for c in LETTERS if c not in avoid]
+    fewest = fewest_letters(pairs, key_length)
+    for letters in range(fewest, min(fewest + EXTRA_LETTERS, len(available)) + 1):
+        alphabet = rng.sample(available, letters)
         words = ["".join(w) for w in product(alphabet, repeat=key_length)]
         if len(words) >= pairs:
             for _ in range(KEY_SET_TRIES):
@@ -96,15 +112,23 @@ def key_set(rng: random.Random, pairs: int, key_length: int) -> list[str]:
                      f"(with 2-letter keys: 4 or from 6 pairs on)")
 
 
-def check_shape(pairs: int, key_length: int, max_gap: int, owner: str) -> None:
+def check_shape(pairs: int, key_length: int, max_gap: int, owner: str, fresh_chars: int = 0) -> None:
     """Raises ValueError naming `owner`'s field when episodes of this shape cannot be written."""
-    for name, value, least in (("pairs", pairs, 1), ("key_length", key_length, 1), ("max_gap", max_gap, 0)):
+    for name, value, least in (("pairs", pairs, 1), ("key_length", key_length, 1), ("max_gap", max_gap, 0),
+                               ("fresh_chars", fresh_chars, 0)):
         if value < least:
             raise ValueError(f"{owner}.{name} must be >= {least} (got {value})")
     try:
         key_set(random.Random(0), pairs, key_length)
     except ValueError as err:
         raise ValueError(f"{owner}.pairs / key_length: {err}") from None
+    # The most episodes that can end within fresh_chars before one: the shortest episodes (gap 0) back to back.
+    neighbours = math.ceil(fresh_chars / episode_chars(pairs, key_length, 0))
+    free = len(LETTERS) - neighbours * most_letters(pairs, key_length)
+    if free < most_letters(pairs, key_length):
+        raise ValueError(f"{owner}.fresh_chars = {fresh_chars}: up to {neighbours} earlier episodes end within it, "
+                         f"whose keys leave {max(free, 0)} of 26 letters, fewer than an episode's "
+                         f"{most_letters(pairs, key_length)}: lower fresh_chars or pairs")
 
 
 def _only_whole_keys_name(keys: list[str]) -> bool:
@@ -114,8 +138,9 @@ def _only_whole_keys_name(keys: list[str]) -> bool:
                for key in keys for p in range(len(key)))
 
 
-def episode(rng: random.Random, pairs: int, key_length: int, gap: int) -> Episode:
-    keys = key_set(rng, pairs, key_length)
+def episode(rng: random.Random, pairs: int, key_length: int, gap: int,
+            avoid: frozenset[str] = frozenset()) -> Episode:
+    keys = key_set(rng, pairs, key_length, avoid)
     values = [rng.choice(VALUES) for _ in keys]
     stated = "".join(f"{k}{v}" for k, v in zip(keys, values))
     filler = "".join(rng.choice(FILLER) for _ in range(gap))
@@ -133,28 +158,43 @@ def episode(rng: random.Random, pairs: int, key_length: int, gap: int) -> Episod
 
 
 def training_episodes(index: int, pairs: int, key_length: int, max_gap: int, doc_chars: int,
-                      seed: int = 0) -> list[Episode]:
-    """The episodes of training document `index`: gaps uniform in [0, max_gap], until doc_chars characters."""
+                      seed: int = 0, fresh_chars: int = 0) -> tuple[str, list[Episode]]:
+    """(the leading filler, the episodes) of training document `index`: gaps uniform in [0, max_gap], until doc_chars
+    characters, each episode's keys fresh within `fresh_chars` (module docstring)."""
     rng = random.Random(f"mqar-train-{seed}-{index}")
-    episodes, length = [], 0
+    lead = "".join(rng.choice(FILLER) for _ in range(fresh_chars))
+    episodes, length = [], len(lead)
     while length < doc_chars:
-        episodes.append(episode(rng, pairs, key_length, rng.randint(0, max_gap)))
+        gap = rng.randint(0, max_gap)
+        episodes.append(episode(rng, pairs, key_length, gap, recent_letters(episodes, fresh_chars)))
         length += len(episodes[-1].text)
-    return episodes
+    return lead, episodes
+
+
+def recent_letters(episodes: list[Episode], fresh_chars: int) -> frozenset[str]:
+    """The key letters of the episodes that end within `fresh_chars` characters of the end of `episodes`."""
+    letters, back = set(), 0
+    for ep in reversed(episodes):
+        if back >= fresh_chars:
+            break
+        letters |= {c for c in ep.text if c in LETTERS}
+        back += len(ep.text)
+    return frozenset(letters)
 
 
 def training_document(index: int, pairs: int, key_length: int, max_gap: int, doc_chars: int,
-                      seed: int = 0) -> tuple[str, list[int]]:
-    """(text, the reach of every query in it) of training document `index`, one episode per line."""
-    episodes = training_episodes(index, pairs, key_length, max_gap, doc_chars, seed)
-    return "".join(ep.text for ep in episodes), [r for ep in episodes for r in ep.reaches]
+                      seed: int = 0, fresh_chars: int = 0) -> tuple[str, list[int]]:
+    """(text, the reach of every query in it) of training document `index`: the leading filler, then one episode
+    per line."""
+    lead, episodes = training_episodes(index, pairs, key_length, max_gap, doc_chars, seed, fresh_chars)
+    return lead + "".join(ep.text for ep in episodes), [r for ep in episodes for r in ep.reaches]
 
 
 def training_pieces(index: int, pairs: int, key_length: int, max_gap: int, doc_chars: int,
-                    seed: int = 0) -> list[tuple[str, bool]]:
+                    seed: int = 0, fresh_chars: int = 0) -> list[tuple[str, bool]]:
     """Training document `index` as (text, scored) pieces: only the queried values are scored."""
-    episodes = training_episodes(index, pairs, key_length, max_gap, doc_chars, seed)
-    return [piece for ep in episodes for piece in ep.pieces()]
+    lead, episodes = training_episodes(index, pairs, key_length, max_gap, doc_chars, seed, fresh_chars)
+    return [(lead, False)] * bool(lead) + [piece for ep in episodes for piece in ep.pieces()]
 
 
 def eval_episode(gap: int, index: int, pairs: int, key_length: int, seed: int = 0) -> Episode:

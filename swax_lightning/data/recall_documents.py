@@ -56,7 +56,10 @@ class RecallMix:
         key_length: mqar: letters per key (from 2 on, only the whole key names its value).
         max_gap: mqar: training gaps (filler characters between the pairs and their queries) are uniform in
             [0, max_gap]; every training pair then lies within mqar.max_reach(pairs, key_length, max_gap) tokens of
-            its query (byte tokenizer): keep that inside the long window.
+            its query (byte tokenizer). Inside the long window, a window arm cannot tell "beyond the window" from
+            "beyond what training asked"; beyond it, the memory has recalls to learn.
+        fresh_chars: mqar: an episode's keys share no letter with those of any episode ending within this many
+            characters before it: no query has a stale pair with its key this close (set it to the long window).
         doc_chars: Characters per document.
     """
 
@@ -70,13 +73,14 @@ class RecallMix:
     pairs: int = 8
     key_length: int = 1
     max_gap: int = 16
+    fresh_chars: int = 64
     doc_chars: int = 8192
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"RecallMix.kind must be one of {', '.join(KINDS)} (got {self.kind!r})")
         if self.kind == "mqar":
-            mqar.check_shape(self.pairs, self.key_length, self.max_gap, "RecallMix")
+            mqar.check_shape(self.pairs, self.key_length, self.max_gap, "RecallMix", self.fresh_chars)
         if not 0 < self.min_distance < self.near_limit <= self.max_distance:
             raise ValueError(f"RecallMix: need 0 < min_distance ({self.min_distance}) < near_limit "
                              f"({self.near_limit}) <= max_distance ({self.max_distance})")
@@ -110,14 +114,16 @@ def training_pieces(index: int, mix: RecallMix, seed: int = 0) -> list[tuple[str
     """Document `index` as (text, scored) pieces: a facts document is one scored piece; an MQAR document is scored on
     its queried values only (each a piece of its own, so that its tokens are exact whatever the tokenizer)."""
     if mix.kind == "mqar":
-        return mqar.training_pieces(index, mix.pairs, mix.key_length, mix.max_gap, mix.doc_chars, seed)
+        return mqar.training_pieces(index, mix.pairs, mix.key_length, mix.max_gap, mix.doc_chars, seed,
+                                    mix.fresh_chars)
     return [(training_document(index, mix, seed)[0], True)]
 
 
 def training_document(index: int, mix: RecallMix, seed: int = 0) -> tuple[str, list[int]]:
     """(text, the distance of every question in it) of document `index`; for kind mqar, the reach of every query."""
     if mix.kind == "mqar":
-        return mqar.training_document(index, mix.pairs, mix.key_length, mix.max_gap, mix.doc_chars, seed)
+        return mqar.training_document(index, mix.pairs, mix.key_length, mix.max_gap, mix.doc_chars, seed,
+                                      mix.fresh_chars)
     rng = random.Random(f"recall-train-{seed}-{index}")
     parts, length, last_mention, values, distances = [], 0, [], {}, []
     while length < mix.doc_chars:
