@@ -78,11 +78,47 @@ def test_the_report_gives_each_arm_its_mean_and_seed_range_per_gap():
     assert lines[lines.index("| arm | seeds | gap 0 |") + 2:][:2] == ["| w_short | 2 | 40.0 (30.0-50.0) |",
                                                                         "| xlstm | 1 | nan |"]
     assert "| w_short | 2 | 1.500 (1.000-2.000) |" in lines  # value loss
-    assert "| w_short | 2 | 2.500 (2.000-3.000) | 20 (10-30) | 1.500 (1.000-2.000) |" in lines  # secondary
-    assert "| xlstm | 1 | 2.500 | nan | nan |" in lines
+    assert "| w_short | 2 | 2.500 (2.000-3.000) | nan | nan | 20 (10-30) | 1.500 (1.000-2.000) |" in lines  # secondary
+    assert "| xlstm | 1 | 2.500 | nan | nan | nan | nan |" in lines
     assert "| w_short | 1 | 3.000 | 50 [47, 54] | 30 [25, 35] |" in lines  # every run, with its intervals
     assert any(line.startswith("- 2 run(s): EPYC (AVX512), 1 thread(s)") for line in lines)
     assert "- xlstm-s0: not recorded" in lines
+
+
+def test_the_claims_are_read_seed_by_seed_with_paired_intervals():
+    # Five seeds. Beyond the long window (gap 512: every pair beyond 64; gap 0 is not counted) w_short beats w_long in
+    # every seed, the stochastic arm in 3 of 5 by a margin whose interval reaches below 0; the long window wins short
+    # context in every seed; the stochastic arm is better than short and not worse than long. The verdicts follow.
+    from swax_lightning.study.sweep import report
+
+    def run(beyond, inside, bpb):
+        gaps = [{"gap": 0, "reach": [2, 31], "accuracy": inside, "accuracy_ci95": [0, 100], "loss": 1.0, "n": 96},
+                {"gap": 512, "reach": [514, 543], "accuracy": beyond, "accuracy_ci95": [0, 100], "loss": 1.0,
+                 "n": 96}]
+        return {"test/bpb": bpb, "environment": {}, "results": {"settings": {"window": 64},
+                                                               "mqar": {"gaps": gaps, "episode": "e", "chance": "c"}}}
+
+    stochastic_beyond = [9.0, 2.0, 8.0, 1.0, 6.0]  # against w_long's 4.0: better in 3 of 5, mean +1.2
+    runs = {}
+    for seed in range(5):
+        runs[("w_long", seed)] = run(4.0, 90.0, 1.50 + 0.01 * seed)
+        runs[("w_short", seed)] = run(20.0 + seed, 10.0, 1.70 + 0.01 * seed)
+        runs[("stochastic_p0.5", seed)] = run(stochastic_beyond[seed], 90.0, 1.50 + 0.01 * seed)
+    lines = report(runs).splitlines()
+    rows = {tuple(cell.strip() for cell in line.split("|")[1:3]): line for line in lines if line.startswith("| 1.")
+            or line.startswith("| 2.") or line.startswith("| 3.")}
+    assert "| 5 of 5 | +18.000 [+16.800, +19.200] | holds |" in rows[("1. recall beyond the long window",
+                                                                        "w_short vs w_long")]
+    stochastic = rows[("1. recall beyond the long window", "stochastic_p0.5 vs w_long")]
+    assert "| 3 of 5 | +1.200 [" in stochastic and stochastic.endswith("| does not hold |")
+    assert "| 5 of 5 | +0.200 [+0.200, +0.200] | holds |" in rows[("2. the long window wins short context",
+                                                                     "w_long vs w_short")]
+    assert rows[("3. stochastic keeps short context: better than short", "stochastic_p0.5 vs w_short")].endswith(
+        "| holds |")
+    assert "| 0 of 5 | +0.000 [+0.000, +0.000] | holds |" in rows[("3. ... and not worse than long",
+                                                                     "stochastic_p0.5 vs w_long")]
+    del runs[("w_short", 0)], runs[("w_short", 1)], runs[("w_short", 2)], runs[("w_short", 3)], runs[("w_short", 4)]
+    assert "| w_short vs w_long | MQAR accuracy beyond W = 64 (points) | not measured | | |" in report(runs)
 
 
 def test_compare_flags_a_cell_where_one_sweeps_mean_leaves_the_others_seed_range():

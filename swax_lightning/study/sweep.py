@@ -21,11 +21,12 @@ Decisions:
   also faster than threads. Each fit records what it ran on in its run folder (environment.json), and the report
   lists it.
 - The collected results come from each run's own files: eval/results.json (MQAR, NIAH, answer loss by distance),
-  the TensorBoard scalars val/loss (last validation of fit) and test/loss, and environment.json, so `collect` needs
-  no state of its own.
+  the TensorBoard scalars val/loss (last validation of fit), test/loss and test/bpb (main.py test: the test split),
+  and environment.json, so `collect` needs no state of its own.
 - Report (in runs/<experiment>/): study.md, the arms' MQAR accuracy and value loss per gap (mean over seeds, lowest
   to highest seed), the secondary measures (validation loss, NIAH per length, answer loss per distance bucket) the
-  same way, a row per arm and seed with 95% intervals, and what the runs ran on; mqar_accuracy_vs_gap.png and
+  same way, the paper's claims read seed by seed (claims.py: k of n seeds, paired bootstrap intervals, a verdict
+  each), a row per arm and seed with 95% intervals, and what the runs ran on; mqar_accuracy_vs_gap.png and
   mqar_loss_vs_gap.png (the windows marked), niah_vs_length.png and answer_loss_vs_distance.png, a line per arm
   (the mean over seeds) and a band from the lowest to the highest seed.
 """
@@ -42,6 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from swax_lightning.core.environment import ENVIRONMENT_FILE
+from swax_lightning.study.claims import claims
 from swax_lightning.training.runs import run_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,15 +99,18 @@ def run_all(folder: Path, seeds: list[int], save_dir: Path, extra: list[str], th
 
 
 # ---- collecting -------------------------------------------------------------------------------------------------
+SCALARS = ("val/loss", "test/loss", "test/bpb")
+
+
 def _scalars(folder: Path) -> dict:
-    """The last value of val/loss and test/loss in the run's TensorBoard files."""
+    """The last value of val/loss, test/loss and test/bpb in the run's TensorBoard files."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out = {}
     for events in sorted(folder.glob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime):
         acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
         acc.Reload()
-        for tag in ("val/loss", "test/loss"):
+        for tag in SCALARS:
             if tag in acc.Tags()["scalars"]:
                 out[tag] = acc.Scalars(tag)[-1].value
     return out
@@ -159,12 +164,16 @@ def _values(run: dict, columns: dict) -> dict[str, list[float]]:
     return {"accuracy": [mqar[g]["accuracy"] if g in mqar else math.nan for g in columns["gaps"]],
             "value loss": [mqar[g]["loss"] if g in mqar else math.nan for g in columns["gaps"]],
             "val loss": [run.get("val/loss", math.nan)],
+            "test loss": [run.get("test/loss", math.nan)],
+            "test bpb": [run.get("test/bpb", math.nan)],
             "niah": [niah[str(n)]["mean"] if str(n) in niah else math.nan for n in columns["lengths"]],
             "answer loss": [recall.get(b, math.nan) for b in columns["buckets"]]}
 
 
 def _spread(values: list[float], digits: int) -> str:
-    """mean (lowest-highest) over seeds; the value alone for one seed."""
+    """mean (lowest-highest) over seeds; the value alone for one seed; nan where a seed lacks it."""
+    if any(math.isnan(v) for v in values):
+        return "nan"
     if len(values) == 1:
         return f"{values[0]:.{digits}f}"
     return f"{sum(values) / len(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
@@ -193,12 +202,15 @@ def report(runs: dict) -> str:
                   f"between the pairs and their queries. Chance: {mqar['chance']}.\n",
                   *_arm_table(runs, columns, gaps, [("accuracy", 1)]),
                   "## MQAR value loss (nats) by gap\n", *_arm_table(runs, columns, gaps, [("value loss", 3)])]
-    secondary = (["val loss"] + [f"NIAH {n}" for n in columns["lengths"]]
+    windows = _windows(runs)
+    lines += claims(runs, _mqar, lambda run: run.get("test/bpb", math.nan), max(windows) if windows else None)
+    secondary = (["val loss", "test loss", "test bpb"] + [f"NIAH {n}" for n in columns["lengths"]]
                  + [f"answer loss {lo}-{hi}" for lo, hi in columns["buckets"]])
-    lines += ["## Secondary measures\n", "Validation loss (text, nats per token); NIAH: average over tasks (%); "
-              "answer loss: mean cross-entropy of the answer's tokens (nats) at that fact-to-question distance "
-              "(characters).\n"]
-    lines += _arm_table(runs, columns, secondary, [("val loss", 3), ("niah", 0), ("answer loss", 3)])
+    lines += ["## Secondary measures\n", "Validation loss (text, nats per token, the last validation of fit); test "
+              "loss and bits per byte (the test split, main.py test); NIAH: average over tasks (%); answer loss: "
+              "mean cross-entropy of the answer's tokens (nats) at that fact-to-question distance (characters).\n"]
+    lines += _arm_table(runs, columns, secondary, [("val loss", 3), ("test loss", 3), ("test bpb", 3), ("niah", 0),
+                                                   ("answer loss", 3)])
     lines += ["## Every run\n", "MQAR accuracy (%) and NIAH (%) with 95% Wilson intervals.\n",
               *_run_rows(runs, columns), "## What the runs ran on\n", *_environments(runs)]
     return "\n".join(lines) + "\n"

@@ -1,0 +1,94 @@
+"""The paper's three claims, read from a sweep's runs seed by seed: each a paired comparison of two arms with the
+same seed (the same data order, recall episodes and initial draws: the run's seed sets them all), given as "k of n
+seeds" and the mean difference with a 95% bootstrap interval over seeds, and a verdict from that interval.
+
+1. Beyond the long window, the short and the stochastic windows recall more than the long one: MQAR accuracy averaged
+   over the gaps at which every pair lies beyond the long window, each of w_short, stochastic_* against w_long.
+2. The long window wins short context: test bits per byte (the whole test split), w_long lower than w_short.
+3. The stochastic window keeps the long window's short context: each stochastic_* arm's test bits per byte lower
+   than w_short's, and not above w_long's (the interval of stochastic - long reaches 0 or lies below it).
+
+Decisions:
+- "holds" only where the interval excludes 0 in the claimed direction (for claim 3's second half: does not exclude 0
+  the wrong way); with 5 seeds a bootstrap interval is coarse, so the k-of-n count is printed beside it, and a claim
+  whose arms or measures are missing says "not measured" instead of a verdict.
+- Arms are found by their file names (the study's convention: w_short, w_long, stochastic_p*); the long window is
+  the largest evaluation window of the runs (results.json settings).
+- Bootstrap: 10,000 resamples of the seeds, numpy's generator at seed 0: the report is a pure function of the runs.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+RESAMPLES = 10_000
+
+
+def paired(a: dict[int, float], b: dict[int, float]) -> dict | None:
+    """a - b over the seeds both have (NaN-free): {"n", "k" (seeds with a > b), "mean", "ci95"}; None if no seed."""
+    seeds = sorted(s for s in a.keys() & b.keys() if not (math.isnan(a[s]) or math.isnan(b[s])))
+    if not seeds:
+        return None
+    d = np.array([a[s] - b[s] for s in seeds])
+    means = d[np.random.default_rng(0).integers(0, len(d), (RESAMPLES, len(d)))].mean(1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return {"n": len(d), "k": int((d > 0).sum()), "mean": float(d.mean()), "ci95": [float(low), float(high)]}
+
+
+def beyond_gaps(gaps: list[dict], window: int) -> list[int]:
+    """The gaps at which every pair of an episode lies beyond `window` (the shortest reach > window)."""
+    return [g["gap"] for g in gaps if g["reach"][0] > window]
+
+
+def _per_seed(runs: dict, arm: str, measure) -> dict[int, float]:
+    return {seed: measure(run) for (name, seed), run in runs.items() if name == arm}
+
+
+def _row(claim: str, better: str, worse: str, what: str, d: dict | None, holds) -> str:
+    if d is None:
+        return f"| {claim} | {better} vs {worse} | {what} | not measured | | |"
+    verdict = "holds" if holds(d) else "does not hold"
+    return (f"| {claim} | {better} vs {worse} | {what} | {d['k']} of {d['n']} | {d['mean']:+.3f} "
+            f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] | {verdict} |")
+
+
+def claims(runs: dict, mqar_gaps, test_bpb, long_window: int | None) -> list[str]:
+    """The report's section: a table row per comparison. `mqar_gaps(run)` -> the run's MQAR cells, `test_bpb(run)`
+    -> its test bits per byte (NaN when absent)."""
+    arms = sorted({arm for arm, _ in runs})
+    stochastic = [arm for arm in arms if arm.startswith("stochastic")]
+
+    def recall_beyond(run: dict) -> float:
+        cells = [g for g in mqar_gaps(run) if long_window and g["gap"] in beyond_gaps(mqar_gaps(run), long_window)]
+        return sum(g["accuracy"] for g in cells) / len(cells) if cells else math.nan
+
+    def bpb(arm: str) -> dict[int, float]:
+        return _per_seed(runs, arm, test_bpb)
+
+    def has(*names: str) -> bool:
+        return all(name in arms for name in names)
+
+    beyond = f"MQAR accuracy beyond W = {long_window} (points)"
+    lines = ["## The paper's claims, seed by seed\n",
+             "Each row pairs two arms seed by seed (a seed sets the data, the recall episodes, the windows and the "
+             "initial weights of both): in how many seeds the first arm is better, and the mean difference (first - "
+             "second; for bits per byte, second - first, so that positive means the first is better) with a 95% "
+             "bootstrap interval over seeds. A claim holds where the interval excludes 0 in its direction.\n",
+             "| claim | arms | measure | seeds where the first is better | mean difference [95% interval] | "
+             "verdict |", "|---|---|---|---|---|---|"]
+    for arm in ["w_short", *stochastic]:
+        d = paired(_per_seed(runs, arm, recall_beyond), _per_seed(runs, "w_long", recall_beyond)) \
+            if has(arm, "w_long") else None
+        lines.append(_row("1. recall beyond the long window", arm, "w_long", beyond, d, lambda d: d["ci95"][0] > 0))
+    d = paired(bpb("w_short"), bpb("w_long")) if has("w_short", "w_long") else None
+    lines.append(_row("2. the long window wins short context", "w_long", "w_short", "test bits per byte", d,
+                      lambda d: d["ci95"][0] > 0))
+    for arm in stochastic:
+        d = paired(bpb("w_short"), bpb(arm)) if has("w_short") else None
+        lines.append(_row("3. stochastic keeps short context: better than short", arm, "w_short",
+                          "test bits per byte", d, lambda d: d["ci95"][0] > 0))
+        d = paired(bpb("w_long"), bpb(arm)) if has("w_long") else None
+        lines.append(_row("3. ... and not worse than long", arm, "w_long", "test bits per byte", d,
+                          lambda d: d["ci95"][1] >= 0))
+    return lines + [""]
