@@ -23,8 +23,9 @@ def test_the_study_command_trains_evaluates_collects_and_resumes(tmp_path):
     for name in ("_base.yaml", "w_short.yaml", "w_long.yaml"):
         shutil.copy(ROOT / "configs/study" / name, study)
     cmd = [sys.executable, "-m", "swax_lightning", "study", "run", str(study), "--seeds", "0", "1", "--jobs", "2",
-           "--save_dir", str(tmp_path / "runs"), "--", *SMALL, "--data.data_dir", str(tmp_path / "data")]
-    first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+           "--save_dir", str(tmp_path / "runs"), "--", *SMALL]
+    # From the temporary folder: each seed writes its own recall documents into its default data folder there.
+    first = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stderr[-3000:]
     out = tmp_path / "runs/study"
     lines = (out / "study.md").read_text().splitlines()
@@ -41,7 +42,8 @@ def test_the_study_command_trains_evaluates_collects_and_resumes(tmp_path):
     assert any(line.startswith("- 4 run(s): ") and "1 thread(s)" in line for line in lines)
     for plot in ("mqar_accuracy_vs_gap.png", "mqar_loss_vs_gap.png", "niah_vs_length.png"):
         assert (out / plot).stat().st_size > 0
-    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert len(list((tmp_path / "data").glob("embedded-byte-512-recall-*"))) == 2  # one data folder per seed
+    again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and again.stdout.count("done before") == 4, again.stdout[-2000:]
 
 
