@@ -36,11 +36,6 @@ def paired(a: dict[int, float], b: dict[int, float]) -> dict | None:
     return {"n": len(d), "k": int((d > 0).sum()), "mean": float(d.mean()), "ci95": [float(low), float(high)]}
 
 
-def beyond_gaps(gaps: list[dict], window: int) -> list[int]:
-    """The gaps at which every pair of an episode lies beyond `window` (the shortest reach > window)."""
-    return [g["gap"] for g in gaps if g["reach"][0] > window]
-
-
 def _per_seed(runs: dict, arm: str, measure) -> dict[int, float]:
     return {seed: measure(run) for (name, seed), run in runs.items() if name == arm}
 
@@ -60,7 +55,8 @@ def claims(runs: dict, mqar_gaps, test_bpb, long_window: int | None) -> list[str
     stochastic = [arm for arm in arms if arm.startswith("stochastic")]
 
     def recall_beyond(run: dict) -> float:
-        cells = [g for g in mqar_gaps(run) if long_window and g["gap"] in beyond_gaps(mqar_gaps(run), long_window)]
+        """Mean accuracy over the gaps whose every pair lies beyond the long window (shortest reach > it)."""
+        cells = [g for g in mqar_gaps(run) if long_window and g["reach"][0] > long_window]
         return sum(g["accuracy"] for g in cells) / len(cells) if cells else math.nan
 
     def bpb(arm: str) -> dict[int, float]:
