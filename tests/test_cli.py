@@ -150,6 +150,7 @@ def test_bad_value_is_one_line_naming_the_field(tmp_path):
     (["--model.arch.window", "abc"], 'Parser key "model.arch.window"'),
     (["--optimizer", "AdamW"], "unrecognized arguments: --optimizer"),  # LightningCLI's dead optimizer group
     (["--config", "no_such.yaml"], "config file not found: no_such.yaml"),
+    (["--seed_everything", "-1"], "seed_everything must be in [0, 2**32) (got -1)"),
     (["--config", "data: {seq_len: 0}"], "TextDataModule.seq_len must be >= 1 (got 0) [data.seq_len set in a --config"),
 ])
 def test_configuration_errors(tmp_path, capsys, args, expected):

@@ -193,7 +193,11 @@ class SwaxCLI(LightningCLI):
 def run_seed(seed_everything) -> int:
     """The seed the data and the window schedule take from `seed_everything`: the integer itself; 0 for true/false
     (LightningCLI draws a true's seed only after parsing)."""
-    return 0 if isinstance(seed_everything, bool) or seed_everything is None else int(seed_everything)
+    if isinstance(seed_everything, bool) or seed_everything is None:
+        return 0
+    if not 0 <= int(seed_everything) < 2 ** 32:  # numpy's range, which every seeded generator here takes
+        raise ConfigError(f"seed_everything must be in [0, 2**32) (got {seed_everything})")
+    return int(seed_everything)
 
 
 def fit_summary(trainer, metrics: dict) -> str:
