@@ -18,8 +18,8 @@
 #   Triton against FlexAttention and flash-attn where installed; T 4k / 16k / 64k, W 128 / 2048, 16 x 128, bf16), the
 #   1.4B step at T 16k with W 128 and W 2048 (bf16 autocast, activation checkpointing) and its MFU; the quick start
 #   through main.py fit for 50 steps on the GPU.
-# - study (only with --study, after install, in a budget of its own): the tokenizer is trained (seconds), then
-#   `python -m swax_lightning study run configs/study_gpu --seeds 0 --jobs 2` (two runs share the GPU: a 34M model
+# - study (only with --study, after install, in a budget of its own):
+#   `python -m swax_lightning study run configs/study_gpu --seeds 0 --jobs 2` (two runs share the GPU: a 26M model
 #   leaves it idle between kernels); its report ends the stage log, its runs go under $GPU_CHECK_LOGS/runs.
 # The summary JSON is rewritten (atomically) after every stage, so a stage that fails or times out, or the whole
 # check stopped from outside, leaves every stage done so far: rc (124: timed out), seconds, pytest's counts and
@@ -39,7 +39,6 @@ OFFLINE_WHEELS="jsonargparse==4.53.0 docstring-parser==0.18.0 typeshed-client==2
   boto3==1.44.8 botocore==1.44.8 s3transfer==0.19.3 jmespath==1.1.0 fla-core==0.6.0 einops==0.8.2 mlstm_kernels==2.0.6
   tokenizers==0.23.3 pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 pygments==2.21.0 packaging==26.4 pytest-timeout==2.4.0"
 STUDY_CONFIGS=configs/study_gpu
-STUDY_TOKENIZER=data/tokenizers/embedded-8192.json
 GPU_TESTS="-m gpu tests/test_gpu.py"
 # name | phase (tests: side by side; -: alone, in order; study: only with --study) | limit s | basis of the limit
 # The last run (2026-11-30, one H200; README "Measured on one H200") recorded the totals (325 s, 333 s) and which
@@ -56,7 +55,7 @@ swa|-|60|last: done within its 75 s with 5 implementations; 2-3 now (own, FlexAt
 train_1.4b_w128|-|35|never run at W 128; at W 2048: 0.767 s a step, done within its 40 s with 5 steps, 4 now
 train_1.4b_w2048|-|35|last: 0.767 s a step, done within its 40 s with 5 steps, 4 now
 fit_tiny|-|30|last: 200 steps in 30 s with start-up (README); 50 steps now
-study|study|420|never run on a GPU: six arms of 300 steps of 16 x 4,096 tokens, two at a time, estimated from the tiny fit's 166k and the 1.4B step's 21k tokens/s"
+study|study|420|never run on a GPU: six arms of 600 steps of 64 x 512 tokens (26M parameters), two at a time, with their evaluations at both windows, estimated from the tiny fit's 166k tokens/s"
 
 stage_install() {
   if [ -x .venv/bin/python ] && sees_gpu .venv/bin/python; then
@@ -91,8 +90,7 @@ stage_fit_tiny() {
     --trainer.max_steps 50 --trainer.val_check_interval 25 --trainer.logger.init_args.save_dir "$LOG/runs"
 }
 stage_study() {
-  "$PY" -m swax_lightning.data.train_tokenizer --vocab_size 8192 --out "$STUDY_TOKENIZER" &&
-    "$PY" -m swax_lightning.study.sweep run "$STUDY_CONFIGS" --seeds 0 --jobs 2 --threads 4 --save_dir "$LOG/runs"
+  "$PY" -m swax_lightning.study.sweep run "$STUDY_CONFIGS" --seeds 0 --jobs 2 --threads 4 --save_dir "$LOG/runs"
 }
 EXTRA="train_1.4b_compile: train_14b --window 2048 --compile
 train_1.4b_tfla: train_14b --window 2048 --kernels mlstm=tfla"
@@ -157,7 +155,7 @@ fi
 # The interpreter off: tests/conftest.py switches it on for the CPU tests unless told otherwise.
 export TRITON_INTERPRET=0
 export -f sees_gpu per_test train_14b $(echo "$STAGES" | cut -d'|' -f1 | sed 's/^/stage_/')
-export PY LOG GPU_TESTS STUDY_CONFIGS STUDY_TOKENIZER OFFLINE_WHEELS
+export PY LOG GPU_TESTS STUDY_CONFIGS OFFLINE_WHEELS
 
 summarise() {  # rewrite the summary from the stage logs so far (atomically)
   "$PY" benchmarks/gpu_check_summary.py "$LOG" "$SUMMARY" "$start" "$(stages_of_mode | paste -sd,)"

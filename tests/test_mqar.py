@@ -7,13 +7,16 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from swax_lightning.data import mqar_episodes as mqar
 from swax_lightning.data.recall_documents import RecallMix, training_document
 from swax_lightning.data.tokenizer import load_tokenizer
 from swax_lightning.evals.mqar import encode_episode, mqar_by_gap
 from swax_lightning.evals.reports import flat_metrics, markdown
+from tests.streaming_text_model import StreamingTextModel
 
+ROOT = Path(__file__).resolve().parents[1]
 PAIR = re.compile(r"([a-z]+)([A-Z])")
 
 
@@ -82,27 +85,13 @@ def test_shapes_without_a_whole_key_set_are_refused_by_name():
         RecallMix(kind="mqar", pairs=8, fresh_chars=99)
 
 
-class SeesBack(torch.nn.Module):
+class SeesBack(StreamingTextModel):
     """A byte-level model of the MQAR format that answers a query when its key's stated value lies at most `window`
-    tokens back (None: anywhere), and otherwise spreads its bet evenly over the 26 capitals. It reads through the
-    streaming interface: its cache holds each row's tokens so far."""
+    tokens back (None: anywhere), and otherwise spreads its bet evenly over the 26 capitals."""
 
     def __init__(self, window: int | None, key_length: int = 2):
         super().__init__()
-        self.window, self.key_length, self.w = window, key_length, torch.nn.Parameter(torch.zeros(1))
-
-    def new_caches(self, batch, dtype=torch.float32):
-        return [[[] for _ in range(batch)]]
-
-    def forward(self, idx, caches, positions, last_only=False):  # SWAXModel.forward's streaming signature
-        history = caches[0]
-        logits = torch.full((*idx.shape, 257), -1e4)
-        for b in range(idx.shape[0]):
-            for t in range(idx.shape[1]):
-                if positions[b, t] >= 0:
-                    history[b].append(int(idx[b, t]))
-                logits[b, t] = self.next_token_logits(bytes(history[b]).decode())
-        return logits[:, -1:] if last_only else logits
+        self.window, self.key_length = window, key_length
 
     def next_token_logits(self, text: str) -> torch.Tensor:
         logits = torch.full((257,), -1e4)
@@ -278,10 +267,11 @@ def test_the_training_loader_reads_marked_mqar_blocks_and_still_names_a_foreign_
 
 @pytest.mark.parametrize("fresh_chars", [64, 0])
 def test_the_training_stream_holds_recall_beyond_the_window_and_no_stale_pair_within_it(tmp_path, fresh_chars):
-    # Through the prepared shards (what training reads, documents shuffled among source text that has camelCase
-    # names): with fresh_chars = the long window (64), every query's nearest earlier pair with its key is its own
-    # stated pair, no pair with its key and another value lies within 64 tokens, and a share of the queries reach
-    # beyond 64. With fresh_chars 0 (episodes drawn freely, as before) stale pairs are there: the check can fail.
+    # Through the prepared shards of the study's mix (what training reads, documents shuffled among source text that
+    # has camelCase names, copy episodes among the MQAR ones): with fresh_chars = the long window (64), every query's
+    # nearest earlier pair with its key is its own stated pair, no pair with its key and another value lies within
+    # 64 tokens, and a share of the queries reach beyond 64. With fresh_chars 0 (episodes drawn freely, as before)
+    # stale pairs are there: the check can fail.
     from litdata import StreamingDataset, TokensLoader
 
     from swax_lightning.data.datamodule import TextDataModule
@@ -291,16 +281,16 @@ def test_the_training_stream_holds_recall_beyond_the_window_and_no_stale_pair_wi
     source.mkdir()
     for i in range(30):
         (source / f"code{i}.py").write_text(f"def getAttr{i}(self):\n    return self.isA and self.hasB\n" * 20)
+    study = yaml.safe_load((ROOT / "configs/study/_base.yaml").read_text())["data"]["recall"]  # the study's mix
     data = TextDataModule(source=str(source), data_dir=str(tmp_path / "shards"), seq_len=64, batch_size=2,
                           val_fraction=0.1, test_fraction=0.1,
-                          recall=RecallMix(kind="mqar", documents=12, doc_chars=3000, max_gap=160,
-                                           fresh_chars=fresh_chars))
+                          recall=RecallMix(**study | {"documents": 12, "doc_chars": 3000, "fresh_chars": fresh_chars}))
     data.prepare_data()
     stream = StreamingDataset(str(tmp_path / "shards/train"), item_loader=TokensLoader(block_size=65))
     raw = torch.cat([torch.as_tensor(stream[i]) for i in range(len(stream))]).tolist()
     text = "".join(chr(t % CONTEXT_ONLY) if t % CONTEXT_ONLY < 256 else "\n" for t in raw)
-    queries = [p for p in range(1, len(raw))  # a scored value after a context-only key (not a document's end)
-               if raw[p] < CONTEXT_ONLY <= raw[p - 1] and text[p].isupper()]
+    queries = [p for p in range(1, len(raw))  # a scored value after a context-only key (not a copied character)
+               if raw[p] < CONTEXT_ONLY <= raw[p - 1] and text[p].isupper() and text[p - 1].islower()]
     stale, reaches = 0, []
     for p in queries:
         key, value = text[p - 1], text[p]

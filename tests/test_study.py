@@ -1,6 +1,7 @@
-"""The window study's one command, end to end at a few steps: arms of configs/study train on text and MQAR documents,
-evaluate (MQAR accuracy by gap, NIAH, answer-token loss by distance), two runs side by side, and collect into the
-table (each arm's mean and seed range per gap) and the plots; a second call skips them."""
+"""The window study's one command, end to end at a few steps: arms of configs/study train on text, MQAR and copy
+episodes, evaluate (MQAR accuracy by gap, span copying by length, the test split) at their own window and at the
+study's other one, two runs side by side, and collect into the table (each arm's mean and seed range per gap), the
+claims and the plots; a second call skips them."""
 import json
 import shutil
 import subprocess
@@ -11,9 +12,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1",
-         "--data.batch_size", "2", "--eval.niah.lengths", "[512]", "--eval.niah.samples", "4", "--eval.niah.depths",
-         "4", "--eval.recall.edges", "[1, 8, 128]", "--eval.recall.samples", "2", "--eval.mqar.gaps", "[0, 64]",
-         "--eval.mqar.samples", "4", "--data.recall.documents", "50"]
+         "--trainer.limit_test_batches", "2", "--data.batch_size", "2", "--eval.copy.lengths", "[8, 96]",
+         "--eval.copy.samples", "2", "--eval.mqar.gaps", "[0, 64]", "--eval.mqar.samples", "4",
+         "--data.recall.documents", "50"]
 
 
 @pytest.mark.slow
@@ -38,9 +39,18 @@ def test_the_study_command_trains_evaluates_collects_and_resumes(tmp_path):
             results = json.loads((run / "eval/results.json").read_text())
             assert [g["gap"] for g in results["mqar"]["gaps"]] == [0, 64]
             assert json.loads((run / "environment.json").read_text())["threads"] == 1
-            assert _scalar_tags(run) >= {"eval/mqar/gap_0/accuracy", "eval/mqar/gap_64/value_loss", "val/loss"}
+            assert _scalar_tags(run) >= {"eval/mqar/gap_0/accuracy", "eval/mqar/gap_64/value_loss", "val/loss",
+                                         "eval/copy/length_96/accuracy"}
+            other = 64 if arm == "w_short" else 2  # each arm also at the study's other window
+            at_other = json.loads((run / f"eval_w{other}/results.json").read_text())
+            assert (at_other["settings"]["window"], results["settings"]["window"]) == (other, 66 - other)
+            assert set(at_other["test_split"]) >= {"test/loss", "test/bpb"}
     assert any(line.startswith("- 4 run(s): ") and "1 thread(s)" in line for line in lines)
-    for plot in ("mqar_accuracy_vs_gap.png", "mqar_loss_vs_gap.png", "niah_vs_length.png"):
+    table = lines[lines.index("| arm | evaluated at | MQAR beyond | copy inside | test bpb |"):]
+    assert any(line.startswith("| w_long | 64 (own) | ") for line in table)
+    assert any(line.startswith("| w_long | 2 | ") for line in table)
+    for plot in ("mqar_accuracy_vs_gap.png", "mqar_loss_vs_gap.png", "copy_accuracy_vs_length.png",
+                 "short_context_per_arm.png"):
         assert (out / plot).stat().st_size > 0
     assert len(list((tmp_path / "data").glob("embedded-byte-512-recall-*"))) == 2  # one data folder per seed
     again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
@@ -90,37 +100,45 @@ def test_the_report_gives_each_arm_its_mean_and_seed_range_per_gap():
 def test_the_claims_are_read_seed_by_seed_with_paired_intervals():
     # Five seeds. Beyond the long window (gap 512: every pair beyond 64; gap 0 is not counted) w_short beats w_long in
     # every seed, the stochastic arm in 3 of 5 by a margin whose interval reaches below 0; the long window wins short
-    # context in every seed; the stochastic arm is better than short and not worse than long. The verdicts follow.
+    # context (copying inside it; span 96 is beyond it and not counted; and bits per byte) in every seed; the
+    # stochastic arm is better than short and not worse than long. The verdicts follow.
     from swax_lightning.study.sweep import report
 
-    def run(beyond, inside, bpb):
+    def run(beyond, inside, copy, bpb):
         gaps = [{"gap": 0, "reach": [2, 31], "accuracy": inside, "accuracy_ci95": [0, 100], "loss": 1.0, "n": 96},
                 {"gap": 512, "reach": [514, 543], "accuracy": beyond, "accuracy_ci95": [0, 100], "loss": 1.0,
                  "n": 96}]
-        return {"test/bpb": bpb, "environment": {}, "results": {"settings": {"window": 64},
-                                                               "mqar": {"gaps": gaps, "episode": "e", "chance": "c"}}}
+        spans = [{"length": 32, "reach": 33, "accuracy": copy}, {"length": 96, "reach": 97, "accuracy": 50.0}]
+        return {"test/bpb": bpb, "environment": {}, "results": {
+            "settings": {"window": 64}, "mqar": {"gaps": gaps, "episode": "e", "chance": "c"},
+            "copy": {"lengths": spans, "episode": "e", "chance": "c"}}}
 
     stochastic_beyond = [9.0, 2.0, 8.0, 1.0, 6.0]  # against w_long's 4.0: better in 3 of 5, mean +1.2
     runs = {}
     for seed in range(5):
-        runs[("w_long", seed)] = run(4.0, 90.0, 1.50 + 0.01 * seed)
-        runs[("w_short", seed)] = run(20.0 + seed, 10.0, 1.70 + 0.01 * seed)
-        runs[("stochastic_p0.5", seed)] = run(stochastic_beyond[seed], 90.0, 1.50 + 0.01 * seed)
+        runs[("w_long", seed)] = run(4.0, 90.0, 80.0 + seed, 1.50 + 0.01 * seed)
+        runs[("w_short", seed)] = run(20.0 + seed, 10.0, 10.0, 1.70 + 0.01 * seed)
+        runs[("stochastic_p0.5", seed)] = run(stochastic_beyond[seed], 90.0, 80.0 + seed, 1.50 + 0.01 * seed)
     lines = report(runs).splitlines()
-    rows = {tuple(cell.strip() for cell in line.split("|")[1:3]): line for line in lines if line.startswith("| 1.")
+    rows = {tuple(cell.strip() for cell in line.split("|")[1:4]): line for line in lines if line.startswith("| 1.")
             or line.startswith("| 2.") or line.startswith("| 3.")}
+    beyond, copy, bpb = ("MQAR accuracy beyond W = 64 (points)", "copy accuracy inside W = 64 (points)",
+                         "test bits per byte (negated)")
     assert "| 5 of 5 | +18.000 [+16.800, +19.200] | holds |" in rows[("1. recall beyond the long window",
-                                                                        "w_short vs w_long")]
-    stochastic = rows[("1. recall beyond the long window", "stochastic_p0.5 vs w_long")]
+                                                                        "w_short vs w_long", beyond)]
+    stochastic = rows[("1. recall beyond the long window", "stochastic_p0.5 vs w_long", beyond)]
     assert "| 3 of 5 | +1.200 [" in stochastic and stochastic.endswith("| does not hold |")
+    assert "| 5 of 5 | +72.000 [+70.800, +73.200] | holds |" in rows[("2. the long window wins short context",
+                                                                       "w_long vs w_short", copy)]
     assert "| 5 of 5 | +0.200 [+0.200, +0.200] | holds |" in rows[("2. the long window wins short context",
-                                                                     "w_long vs w_short")]
-    assert rows[("3. stochastic keeps short context: better than short", "stochastic_p0.5 vs w_short")].endswith(
-        "| holds |")
-    assert "| 0 of 5 | +0.000 [+0.000, +0.000] | holds |" in rows[("3. ... and not worse than long",
-                                                                     "stochastic_p0.5 vs w_long")]
+                                                                     "w_long vs w_short", bpb)]
+    for measure in (copy, bpb):
+        assert rows[("3. stochastic keeps short context: better than short", "stochastic_p0.5 vs w_short",
+                     measure)].endswith("| holds |")
+        assert "| 0 of 5 | +0.000 [+0.000, +0.000] | holds |" in rows[("3. ... and not worse than long",
+                                                                         "stochastic_p0.5 vs w_long", measure)]
     del runs[("w_short", 0)], runs[("w_short", 1)], runs[("w_short", 2)], runs[("w_short", 3)], runs[("w_short", 4)]
-    assert "| w_short vs w_long | MQAR accuracy beyond W = 64 (points) | not measured | | |" in report(runs)
+    assert f"| w_short vs w_long | {beyond} | not measured | | |" in report(runs)
 
 
 def test_compare_flags_a_cell_where_one_sweeps_mean_leaves_the_others_seed_range():
@@ -140,35 +158,32 @@ def test_compare_flags_a_cell_where_one_sweeps_mean_leaves_the_others_seed_range
 
 @pytest.mark.slow
 def test_the_gpu_study_configs_train_a_step_and_evaluate_on_cpu_at_toy_size(tmp_path):
-    # configs/study_gpu at a toy size on CPU (seq_len 512: the long window, 512, fits the training length): a BPE
-    # trained by `swax tokenizer` on a small source, every arm's config parses (print_config), and one arm fits a step
-    # and runs its evaluations through the study command.
+    # configs/study_gpu at a toy size on CPU: every arm's config parses (print_config), and one windowed arm fits a
+    # step and runs its evaluations at its own window and the study's other one through the study command.
     source = tmp_path / "text"
     source.mkdir()
     for i in range(30):
         (source / f"doc{i}.txt").write_text(" ".join(f"word{(i * 7 + j) % 50} is: {j % 10}." for j in range(300)))
-    tokenizer = tmp_path / "tok.json"
-    subprocess.run([sys.executable, "-m", "swax_lightning", "tokenizer", "--source", str(source), "--vocab_size",
-                    "600", "--out", str(tokenizer)], cwd=ROOT, check=True, timeout=120)
     toy = ["--trainer.accelerator", "cpu", "--trainer.precision", "32-true", "--trainer.max_steps", "1",
-           "--trainer.val_check_interval", "1", "--trainer.limit_val_batches", "1", "--model.arch.d_model", "64",
-           "--model.arch.n_layers", "2", "--model.arch.n_heads", "2", "--model.arch.mlstm_heads", "2",
-           "--data.source", str(source), "--data.tokenizer", str(tokenizer), "--data.data_dir", str(tmp_path / "data"),
-           "--data.seq_len", "512", "--data.batch_size", "2", "--data.num_workers", "0", "--data.recall.documents",
-           "4", "--data.recall.doc_chars", "2000", "--data.recall.near_limit", "200", "--data.recall.max_distance",
-           "600", "--eval.niah.lengths", "[1024]", "--eval.recall.edges", "[100, 200, 400]", "--eval.recall.samples",
-           "2", "--eval.chunk_len", "512"]
+           "--trainer.val_check_interval", "1", "--trainer.limit_val_batches", "1", "--trainer.limit_test_batches",
+           "1", "--model.arch.d_model", "64", "--model.arch.n_layers", "4", "--model.arch.n_heads", "2",
+           "--model.arch.mlstm_heads", "2", "--data.source", str(source), "--data.data_dir", str(tmp_path / "data"),
+           "--data.batch_size", "2", "--data.num_workers", "0", "--data.recall.documents", "4",
+           "--data.recall.doc_chars", "2000", "--eval.copy.samples", "2", "--eval.mqar.samples", "2",
+           "--eval.mqar.gaps", "[0, 128]", "--eval.chunk_len", "512"]
     for arm in sorted((ROOT / "configs/study_gpu").glob("[!_]*.yaml")):
         printed = subprocess.run([sys.executable, "main.py", "fit", "--config", str(arm), *toy, "--print_config"],
                                  cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert printed.returncode == 0 and "seq_len: 512" in printed.stdout, printed.stderr[-2000:]
     study = tmp_path / "study_gpu"
     study.mkdir()
-    for name in ("_base.yaml", "stochastic_p0.5.yaml"):
+    for name in ("_base.yaml", "w_short.yaml", "stochastic_p0.5.yaml"):
         shutil.copy(ROOT / "configs/study_gpu" / name, study)
     run = subprocess.run([sys.executable, "-m", "swax_lightning", "study", "run", str(study), "--seeds", "0",
                           "--save_dir", str(tmp_path / "runs"), "--", *toy], cwd=ROOT, capture_output=True, text=True,
                          timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    results = json.loads((tmp_path / "runs/study_gpu/stochastic_p0.5-s0/eval/results.json").read_text())
-    assert results["settings"]["window"] == 512 and "1024" in results["niah"]["scores"]["average"]
+    arm = tmp_path / "runs/study_gpu/stochastic_p0.5-s0"
+    results = json.loads((arm / "eval/results.json").read_text())
+    assert results["settings"]["window"] == 64 and [c["length"] for c in results["copy"]["lengths"]] == [8, 24, 48, 96]
+    assert json.loads((arm / "eval_w2/results.json").read_text())["settings"]["window"] == 2

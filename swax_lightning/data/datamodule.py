@@ -294,7 +294,7 @@ class TextDataModule(L.LightningDataModule):
             return {"seq_len": self.seq_len}
         return {"source": self.source, "tokenizer": self.tokenizer_spec, "seq_len": self.seq_len,
                 "val_fraction": self.val_fraction, "test_fraction": self.test_fraction,
-                "recall": asdict(self.recall) if self.recall else None,
+                "recall": json.loads(json.dumps(asdict(self.recall))) if self.recall else None,  # as meta.json has it
                 "recall_seed": self.seed if self.recall else None, "train_order": TRAIN_ORDER,
                 "split_by": SPLIT_BY}
 

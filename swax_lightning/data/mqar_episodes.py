@@ -32,6 +32,11 @@ Decisions:
 - A training document is episodes up to doc_chars characters: blocks of the training split then hold many whole
   episodes, and cut at most one per block boundary. Only its queried values are scored (`training_pieces`;
   loss_mask.py): the keys, stated values and filler are random, there to be read.
+- Copy episodes (the short-context task of the window study): a span of `length` random capitals, "=", the span
+  again, every copied character scored: `KTQAWB=KTQAWB`. Each copied character lies length + 1 tokens after its
+  original, so a window W > length copies the span exactly; a short window cannot, and a memory must hold the whole
+  span in order, which a small one cannot. `copy_share` of a training document's episodes are copies (lengths
+  uniform in `copy_lengths`); they hold no key letters, so they never make a stale pair.
 - Episodes are tokenized piece by piece (`Episode.pieces`), each asked value alone, so its position is exact
   whatever the tokenizer (with the byte tokenizer the pieces' tokens are the whole text's).
 """
@@ -46,6 +51,7 @@ from itertools import product
 LETTERS = string.ascii_lowercase
 VALUES = string.ascii_uppercase
 FILLER = string.digits
+COPY_MARK = "="
 KEY_SET_TRIES = 10_000  # random key sets tried per alphabet size (at 6 pairs of 2 letters, 7% qualify)
 EXTRA_LETTERS = 2  # alphabet sizes tried beyond the fewest that spell `pairs` keys
 
@@ -157,16 +163,34 @@ def episode(rng: random.Random, pairs: int, key_length: int, gap: int,
     return Episode(text + "\n", gap, asked, offsets, reaches)
 
 
+def copy_episode(rng: random.Random, length: int) -> Episode:
+    """A span of `length` random capitals, the copy mark, the span again; every copied character is a query."""
+    span = "".join(rng.choice(VALUES) for _ in range(length))
+    return Episode(f"{span}{COPY_MARK}{span}\n", 0, list(span), [length + 1 + i for i in range(length)],
+                   [length + 1] * length)
+
+
+@dataclass(frozen=True)
+class Copies:
+    """The copy episodes mixed into training documents: `share` of the episodes, lengths uniform in `lengths`."""
+
+    share: float = 0.0
+    lengths: tuple[int, int] = (8, 48)
+
+
 def training_episodes(index: int, pairs: int, key_length: int, max_gap: int, doc_chars: int,
-                      seed: int = 0, fresh_chars: int = 0) -> tuple[str, list[Episode]]:
+                      seed: int = 0, fresh_chars: int = 0, copies: Copies = Copies()) -> tuple[str, list[Episode]]:
     """(the leading filler, the episodes) of training document `index`: gaps uniform in [0, max_gap], until doc_chars
-    characters, each episode's keys fresh within `fresh_chars` (module docstring)."""
+    characters, each episode's keys fresh within `fresh_chars`, a share of copy episodes (module docstring)."""
     rng = random.Random(f"mqar-train-{seed}-{index}")
     lead = "".join(rng.choice(FILLER) for _ in range(fresh_chars))
     episodes, length = [], len(lead)
     while length < doc_chars:
-        gap = rng.randint(0, max_gap)
-        episodes.append(episode(rng, pairs, key_length, gap, recent_letters(episodes, fresh_chars)))
+        if copies.share and rng.random() < copies.share:
+            episodes.append(copy_episode(rng, rng.randint(*copies.lengths)))
+        else:
+            gap = rng.randint(0, max_gap)
+            episodes.append(episode(rng, pairs, key_length, gap, recent_letters(episodes, fresh_chars)))
         length += len(episodes[-1].text)
     return lead, episodes
 
@@ -183,20 +207,25 @@ def recent_letters(episodes: list[Episode], fresh_chars: int) -> frozenset[str]:
 
 
 def training_document(index: int, pairs: int, key_length: int, max_gap: int, doc_chars: int,
-                      seed: int = 0, fresh_chars: int = 0) -> tuple[str, list[int]]:
+                      seed: int = 0, fresh_chars: int = 0, copies: Copies = Copies()) -> tuple[str, list[int]]:
     """(text, the reach of every query in it) of training document `index`: the leading filler, then one episode
     per line."""
-    lead, episodes = training_episodes(index, pairs, key_length, max_gap, doc_chars, seed, fresh_chars)
+    lead, episodes = training_episodes(index, pairs, key_length, max_gap, doc_chars, seed, fresh_chars, copies)
     return lead + "".join(ep.text for ep in episodes), [r for ep in episodes for r in ep.reaches]
 
 
 def training_pieces(index: int, pairs: int, key_length: int, max_gap: int, doc_chars: int,
-                    seed: int = 0, fresh_chars: int = 0) -> list[tuple[str, bool]]:
+                    seed: int = 0, fresh_chars: int = 0, copies: Copies = Copies()) -> list[tuple[str, bool]]:
     """Training document `index` as (text, scored) pieces: only the queried values are scored."""
-    lead, episodes = training_episodes(index, pairs, key_length, max_gap, doc_chars, seed, fresh_chars)
+    lead, episodes = training_episodes(index, pairs, key_length, max_gap, doc_chars, seed, fresh_chars, copies)
     return [(lead, False)] * bool(lead) + [piece for ep in episodes for piece in ep.pieces()]
 
 
 def eval_episode(gap: int, index: int, pairs: int, key_length: int, seed: int = 0) -> Episode:
     """Held-out episode `index` at `gap` (a random stream no training document uses)."""
     return episode(random.Random(f"mqar-eval-{seed}-{gap}-{index}"), pairs, key_length, gap)
+
+
+def eval_copy_episode(length: int, index: int, seed: int = 0) -> Episode:
+    """Held-out copy episode `index` of a span of `length` (a random stream no training document uses)."""
+    return copy_episode(random.Random(f"copy-eval-{seed}-{length}-{index}"), length)

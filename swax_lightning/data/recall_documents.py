@@ -60,6 +60,10 @@ class RecallMix:
             "beyond what training asked"; beyond it, the memory has recalls to learn.
         fresh_chars: mqar: an episode's keys share no letter with those of any episode ending within this many
             characters before it: no query has a stale pair with its key this close (set it to the long window).
+        copy_share: mqar: share of a document's episodes that are copy episodes (a span of capitals, "=", the span
+            again: the in-window task a short window cannot do; swax_lightning/data/mqar_episodes.py). In [0, 1].
+        copy_lengths: mqar: [shortest, longest] copied span, drawn uniformly (keep the longest below the long
+            window, so that the long window copies every span).
         doc_chars: Characters per document.
     """
 
@@ -74,6 +78,8 @@ class RecallMix:
     key_length: int = 1
     max_gap: int = 16
     fresh_chars: int = 64
+    copy_share: float = 0.0
+    copy_lengths: tuple[int, int] = (8, 48)
     doc_chars: int = 8192
 
     def __post_init__(self):
@@ -86,7 +92,12 @@ class RecallMix:
                              f"({self.near_limit}) <= max_distance ({self.max_distance})")
         if self.documents < 0:
             raise ValueError(f"RecallMix.documents must be >= 0 (got {self.documents})")
-        for name in ("far_share", "question_share"):
+        lengths = tuple(self.copy_lengths)
+        if len(lengths) != 2 or not 1 <= lengths[0] <= lengths[1]:
+            raise ValueError(f"RecallMix.copy_lengths must be [shortest, longest] with 1 <= shortest <= longest "
+                             f"(got {list(lengths)})")
+        object.__setattr__(self, "copy_lengths", lengths)  # a YAML list, kept as a tuple (hashable, as the default)
+        for name in ("far_share", "question_share", "copy_share"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"RecallMix.{name} must be in [0, 1] (got {getattr(self, name)})")
 
@@ -95,6 +106,10 @@ class RecallMix:
         """Whether its documents hold context-only tokens (loss_mask.py): an MQAR document is scored on its queried
         values alone."""
         return self.kind == "mqar"
+
+    @property
+    def copies(self) -> mqar.Copies:
+        return mqar.Copies(self.copy_share, self.copy_lengths)
 
     def distance(self, rng: random.Random) -> int:
         if rng.random() < self.far_share:
@@ -115,7 +130,7 @@ def training_pieces(index: int, mix: RecallMix, seed: int = 0) -> list[tuple[str
     its queried values only (each a piece of its own, so that its tokens are exact whatever the tokenizer)."""
     if mix.kind == "mqar":
         return mqar.training_pieces(index, mix.pairs, mix.key_length, mix.max_gap, mix.doc_chars, seed,
-                                    mix.fresh_chars)
+                                    mix.fresh_chars, mix.copies)
     return [(training_document(index, mix, seed)[0], True)]
 
 
@@ -123,7 +138,7 @@ def training_document(index: int, mix: RecallMix, seed: int = 0) -> tuple[str, l
     """(text, the distance of every question in it) of document `index`; for kind mqar, the reach of every query."""
     if mix.kind == "mqar":
         return mqar.training_document(index, mix.pairs, mix.key_length, mix.max_gap, mix.doc_chars, seed,
-                                      mix.fresh_chars)
+                                      mix.fresh_chars, mix.copies)
     rng = random.Random(f"recall-train-{seed}-{index}")
     parts, length, last_mention, values, distances = [], 0, [], {}, []
     while length < mix.doc_chars:

@@ -106,13 +106,19 @@ def stated_value_chance(pairs: int) -> float:
     return 1 / pairs + (1 - 1 / pairs) / len(VALUES)
 
 
-def _cell(gap: int, rows: list[dict]) -> dict:
+def query_cell(rows: list[dict]) -> dict:
+    """The statistics of a cell of episodes scored query by query: accuracy over the queries with a Wilson interval,
+    the mean loss with an interval over the episodes, n queries (the span-copying evaluation's cells too)."""
     queries = sum(r["queries"] for r in rows)
     accuracy = sum(r["score"] * r["queries"] for r in rows) / queries
     loss, loss_ci95 = mean_interval([r["loss"] for r in rows])
-    return {"gap": gap, "reach": [min(r["reach"][0] for r in rows), max(r["reach"][1] for r in rows)],
-            "accuracy": accuracy, "accuracy_ci95": wilson_interval(accuracy, queries), "loss": loss,
+    return {"accuracy": accuracy, "accuracy_ci95": wilson_interval(accuracy, queries), "loss": loss,
             "loss_ci95": loss_ci95, "n": queries, "episodes": len(rows)}
+
+
+def _cell(gap: int, rows: list[dict]) -> dict:
+    return {"gap": gap, "reach": [min(r["reach"][0] for r in rows), max(r["reach"][1] for r in rows)],
+            **query_cell(rows)}
 
 
 @dataclass

@@ -21,7 +21,8 @@ test batches (data/datamodule.py), and the suite on rank 0 is not limited by the
 (watchdog.py).
 
 Reports (reports.py), written beside the checkpoint's run (runs/<experiment>/<arm>/eval/, or `output_dir`):
-- results.json: the settings, every cell's mean, sample count and 95% interval, and every sample (its question,
+- results.json: the settings, the test loop's figures (test_split: test/loss, test/bpb, ... at the same window),
+  every cell's mean, sample count and 95% interval, and every sample (its question,
   references or target, prediction, score, length in tokens, and the arguments that regenerate its prompt with
   `python -m swax_lightning regenerate`, whose options are in settings["regenerate"]);
 - results.md: the tables; each evaluation's figures as PNG (niah_heatmap.png: NIAH accuracy by needle depth x
@@ -132,6 +133,8 @@ class EvalSuite(Callback):
         was_training, window = model.training, model.window
         results = self.evaluate(model, data, checkpoint_identity(trainer.ckpt_path),
                                 announce=True)
+        results["test_split"] = {name: float(value) for name, value in trainer.callback_metrics.items()
+                                 if name.startswith("test/")}  # the test loop's, at the suite's window
         out_dir = self._output_dir(trainer)
         write_reports(results, out_dir)
         print(f"{markdown(results, with_settings=False)}\nevaluation reports: {out_dir}/ (results.json with every "

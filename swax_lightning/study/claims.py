@@ -4,9 +4,11 @@ seeds" and the mean difference with a 95% bootstrap interval over seeds, and a v
 
 1. Beyond the long window, the short and the stochastic windows recall more than the long one: MQAR accuracy averaged
    over the gaps at which every pair lies beyond the long window, each of w_short, stochastic_* against w_long.
-2. The long window wins short context: test bits per byte (the whole test split), w_long lower than w_short.
-3. The stochastic window keeps the long window's short context: each stochastic_* arm's test bits per byte lower
-   than w_short's, and not above w_long's (the interval of stochastic - long reaches 0 or lies below it).
+2. The long window wins short context: span copying inside the long window (copy accuracy averaged over the span
+   lengths below it), w_long above w_short; and test bits per byte (the whole test split), w_long lower.
+3. The stochastic window keeps the long window's short context: each stochastic_* arm better than w_short on both
+   short-context measures, and not worse than w_long (the interval of stochastic - long reaches 0 or lies on the
+   better side).
 
 Decisions:
 - "holds" only where the interval excludes 0 in the claimed direction (for claim 3's second half: does not exclude 0
@@ -48,9 +50,9 @@ def _row(claim: str, better: str, worse: str, what: str, d: dict | None, holds) 
             f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] | {verdict} |")
 
 
-def claims(runs: dict, mqar_gaps, test_bpb, long_window: int | None) -> list[str]:
-    """The report's section: a table row per comparison. `mqar_gaps(run)` -> the run's MQAR cells, `test_bpb(run)`
-    -> its test bits per byte (NaN when absent)."""
+def claims(runs: dict, mqar_gaps, copy_lengths, test_bpb, long_window: int | None) -> list[str]:
+    """The report's section: a table row per comparison. `mqar_gaps(run)` -> the run's MQAR cells,
+    `copy_lengths(run)` -> its span-copying cells, `test_bpb(run)` -> its test bits per byte (NaN when absent)."""
     arms = sorted({arm for arm, _ in runs})
     stochastic = [arm for arm in arms if arm.startswith("stochastic")]
 
@@ -59,13 +61,30 @@ def claims(runs: dict, mqar_gaps, test_bpb, long_window: int | None) -> list[str
         cells = [g for g in mqar_gaps(run) if long_window and g["reach"][0] > long_window]
         return sum(g["accuracy"] for g in cells) / len(cells) if cells else math.nan
 
-    def bpb(arm: str) -> dict[int, float]:
-        return _per_seed(runs, arm, test_bpb)
+    def copy_inside(run: dict) -> float:
+        """Mean copy accuracy over the span lengths the long window copies (reach <= it)."""
+        cells = [c for c in copy_lengths(run) if long_window and c["reach"] <= long_window]
+        return sum(c["accuracy"] for c in cells) / len(cells) if cells else math.nan
+
+    def negated_bpb(run: dict) -> float:  # higher is better, as for the accuracies
+        return -test_bpb(run)
 
     def has(*names: str) -> bool:
         return all(name in arms for name in names)
 
+    def compare(claim: str, better: str, worse: str, what: str, measure, holds) -> str:
+        d = paired(_per_seed(runs, better, measure), _per_seed(runs, worse, measure)) if has(better, worse) else None
+        return _row(claim, better, worse, what, d, holds)
+
+    def excludes_0(d: dict) -> bool:
+        return d["ci95"][0] > 0
+
+    def reaches_0(d: dict) -> bool:
+        return d["ci95"][1] >= 0
+
     beyond = f"MQAR accuracy beyond W = {long_window} (points)"
+    short_context = [(f"copy accuracy inside W = {long_window} (points)", copy_inside),
+                     ("test bits per byte (negated)", negated_bpb)]
     lines = ["## The paper's claims, seed by seed\n",
              "Each row pairs two arms seed by seed (a seed sets the data, the recall episodes, the windows and the "
              "initial weights of both): in how many seeds the first arm is better, and the mean difference (first - "
@@ -74,17 +93,13 @@ def claims(runs: dict, mqar_gaps, test_bpb, long_window: int | None) -> list[str
              "| claim | arms | measure | seeds where the first is better | mean difference [95% interval] | "
              "verdict |", "|---|---|---|---|---|---|"]
     for arm in ["w_short", *stochastic]:
-        d = paired(_per_seed(runs, arm, recall_beyond), _per_seed(runs, "w_long", recall_beyond)) \
-            if has(arm, "w_long") else None
-        lines.append(_row("1. recall beyond the long window", arm, "w_long", beyond, d, lambda d: d["ci95"][0] > 0))
-    d = paired(bpb("w_short"), bpb("w_long")) if has("w_short", "w_long") else None
-    lines.append(_row("2. the long window wins short context", "w_long", "w_short", "test bits per byte", d,
-                      lambda d: d["ci95"][0] > 0))
+        lines.append(compare("1. recall beyond the long window", arm, "w_long", beyond, recall_beyond, excludes_0))
+    for what, measure in short_context:
+        lines.append(compare("2. the long window wins short context", "w_long", "w_short", what, measure,
+                             excludes_0))
     for arm in stochastic:
-        d = paired(bpb("w_short"), bpb(arm)) if has("w_short") else None
-        lines.append(_row("3. stochastic keeps short context: better than short", arm, "w_short",
-                          "test bits per byte", d, lambda d: d["ci95"][0] > 0))
-        d = paired(bpb("w_long"), bpb(arm)) if has("w_long") else None
-        lines.append(_row("3. ... and not worse than long", arm, "w_long", "test bits per byte", d,
-                          lambda d: d["ci95"][1] >= 0))
+        for what, measure in short_context:
+            lines.append(compare("3. stochastic keeps short context: better than short", arm, "w_short", what,
+                                 measure, excludes_0))
+            lines.append(compare("3. ... and not worse than long", arm, "w_long", what, measure, reaches_0))
     return lines + [""]

@@ -1,6 +1,6 @@
 """The window study in one command: train and evaluate every arm x seed of a study folder, then collect the results.
 
-    python -m swax_lightning study run configs/study --seeds 0 1 2 --jobs 2   # all arms, 3 seeds, 2 runs at a time
+    python -m swax_lightning study run configs/study --seeds 0 1 2 3 4 --jobs 2   # all arms, 5 seeds, 2 at a time
     python -m swax_lightning study run configs/study --seeds 0 -- --trainer.max_steps 20   # extra main.py options
     python -m swax_lightning study collect runs/study           # table + plots from what has finished
     python -m swax_lightning study compare runs/study other/study   # two sweeps side by side, where they differ
@@ -8,7 +8,9 @@
 An arm is a config file of the folder (every .yaml except those starting with "_", which hold the shared settings
 the arms extend). Each (arm, seed) is one run, `runs/<folder name>/<arm file name>-s<seed>/`: `main.py fit` with
 `--seed_everything <seed>` (and the run's --experiment/--arm), then `main.py test` of its last.ckpt, each in its own
-process, exactly the commands a user would type; `--jobs N` runs N of them side by side.
+process, exactly the commands a user would type; `--jobs N` runs N of them side by side. A windowed arm (one with a
+`window.windows` schedule) is also tested at each other window the study's arms train at (`--window.eval_window W`,
+reports in eval_w<W>/): a long-window arm at the short window shows what its memory recalls alone.
 
 Decisions:
 - Resumable: a run whose eval/results.json exists is skipped; a run whose fit did not finish (no fit.done marker)
@@ -20,15 +22,18 @@ Decisions:
   so the trained weights; `--jobs` then uses the cores by running whole runs side by side, which on small models is
   also faster than threads. Each fit records what it ran on in its run folder (environment.json), and the report
   lists it.
-- The collected results come from each run's own files: eval/results.json (MQAR, NIAH, answer loss by distance),
-  the TensorBoard scalars val/loss (last validation of fit), test/loss and test/bpb (main.py test: the test split),
-  and environment.json, so `collect` needs no state of its own.
-- Report (in runs/<experiment>/): study.md, the arms' MQAR accuracy and value loss per gap (mean over seeds, lowest
-  to highest seed), the secondary measures (validation loss, NIAH per length, answer loss per distance bucket) the
-  same way, the paper's claims read seed by seed (claims.py: k of n seeds, paired bootstrap intervals, a verdict
-  each), a row per arm and seed with 95% intervals, and what the runs ran on; mqar_accuracy_vs_gap.png and
-  mqar_loss_vs_gap.png (the windows marked), niah_vs_length.png and answer_loss_vs_distance.png, a line per arm
-  (the mean over seeds) and a band from the lowest to the highest seed.
+- The collected results come from each run's own files: eval/results.json and eval_w<W>/results.json (MQAR,
+  span copying, NIAH, answer loss by distance, the test split's loss and bits per byte), the TensorBoard scalar
+  val/loss (last validation of fit), and environment.json, so `collect` needs no state of its own. The arm's own
+  window is tested last, so that its test figures are also the last in TensorBoard.
+- Report (in runs/<experiment>/): study.md, the arms' MQAR accuracy and value loss per gap and span-copy accuracy
+  per length (mean over seeds, lowest to highest seed), each windowed arm at its own and the other windows, the
+  paper's claims read seed by seed (claims.py: k of n seeds, paired bootstrap intervals, a verdict each), the
+  secondary measures (validation and test loss, test bits per byte, NIAH, answer loss), a row per arm and seed with
+  95% intervals, and what the runs ran on; mqar_accuracy_vs_gap.png, mqar_loss_vs_gap.png (the windows marked),
+  copy_accuracy_vs_length.png, short_context_per_arm.png (test bits per byte and in-window copying, a dot per
+  seed), and where measured niah_vs_length.png and answer_loss_vs_distance.png: a line per arm (the mean over
+  seeds) and a band from the lowest to the highest seed.
 """
 from __future__ import annotations
 
@@ -42,6 +47,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from swax_lightning.core.config_files import merged_config
 from swax_lightning.core.environment import ENVIRONMENT_FILE
 from swax_lightning.study.claims import claims
 from swax_lightning.training.runs import run_dir
@@ -70,7 +76,25 @@ def _main(subcommand: str, config: Path, seed: int, save_dir: Path, extra: list[
     subprocess.run(cmd, check=True, env=os.environ | {"OMP_NUM_THREADS": str(threads)})
 
 
-def run_one(config: Path, seed: int, save_dir: Path, extra: list[str], threads: int = 1) -> str:
+def study_windows(folder: Path) -> list[int]:
+    """Every window an arm of the study trains at (its `window.windows`)."""
+    return sorted({int(w) for config in arm_files(folder)
+                   for w in (merged_config(config).get("window") or {}).get("windows") or []})
+
+
+def other_windows(config: Path, windows: list[int]) -> list[int]:
+    """The study's windows an arm is also evaluated at: all but its own evaluation window; none for an arm without
+    a window schedule (attention-only, xLSTM-only)."""
+    schedule = merged_config(config).get("window") or {}
+    own = schedule.get("eval_window")
+    return [w for w in windows if w != own] if schedule.get("windows") else []
+
+
+def run_one(config: Path, seed: int, save_dir: Path, extra: list[str], threads: int = 1,
+            windows: list[int] = ()) -> str:
+    """Fit (resuming), then `main.py test` at each of `windows` (into eval_w<W>/) and last at the arm's own
+    evaluation window (eval/, whose results.json marks the run done; last, so that its test figures are the last
+    ones in TensorBoard)."""
     folder = arm_run_dir(config, seed, save_dir)
     if (folder / "eval/results.json").is_file():
         return "done before"
@@ -79,6 +103,10 @@ def run_one(config: Path, seed: int, save_dir: Path, extra: list[str], threads: 
         _main("fit", config, seed, save_dir, extra, threads, *(["--ckpt_path", str(ckpt)] if ckpt.exists() else
                                                                ["--overwrite", "true"]))
         fitted.write_text("main.py fit finished\n")
+    for window in windows:
+        if not (folder / f"eval_w{window}/results.json").is_file():
+            _main("test", config, seed, save_dir, extra, threads, "--ckpt_path", str(ckpt), "--window.eval_window",
+                  str(window), "--eval.output_dir", str(folder / f"eval_w{window}"))
     _main("test", config, seed, save_dir, extra, threads, "--ckpt_path", str(ckpt))
     return "trained and evaluated"
 
@@ -87,9 +115,10 @@ def run_all(folder: Path, seeds: list[int], save_dir: Path, extra: list[str], th
     """Every arm x seed, `jobs` at a time; returns the experiment folder."""
     start = time.monotonic()
     runs = [(config, seed) for config in arm_files(folder) for seed in seeds]
+    windows = study_windows(folder)
 
     def one(run: tuple[Path, int]) -> None:
-        status = run_one(*run, save_dir, extra, threads)
+        status = run_one(*run, save_dir, extra, threads, other_windows(run[0], windows))
         print(f"[{time.monotonic() - start:7.0f} s] {arm_run_dir(*run, save_dir)}: {status}", flush=True)
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -117,13 +146,19 @@ def _scalars(folder: Path) -> dict:
 
 
 def load_runs(experiment_dir: Path) -> dict:
-    """(arm, seed) -> {"results", "val/loss", "test/loss", "environment"} of every finished run of a sweep."""
+    """(arm, seed) -> {"results", "val/loss", "test/loss", "test/bpb", "at_other_windows" ({window: results}),
+    "environment"} of every finished run of a sweep (the test figures from results.json where it has them, else
+    from TensorBoard)."""
     runs = {}
     for results in sorted(experiment_dir.glob("*-s*/eval/results.json")):
         folder = results.parent.parent
         arm, seed = folder.name.rsplit("-s", 1)
         environment = folder / ENVIRONMENT_FILE
-        runs[(arm, int(seed))] = {"results": json.loads(results.read_text()), **_scalars(folder),
+        loaded = json.loads(results.read_text())
+        others = {int(other.parent.name[len("eval_w"):]): json.loads(other.read_text())
+                  for other in sorted(folder.glob("eval_w*/results.json"))}
+        runs[(arm, int(seed))] = {"results": loaded, **_scalars(folder), **loaded.get("test_split", {}),
+                                  "at_other_windows": others,
                                   "environment": json.loads(environment.read_text()) if environment.is_file() else {}}
     if not runs:
         raise FileNotFoundError(f"no finished runs (…-s<seed>/eval/results.json) in {experiment_dir}")
@@ -150,9 +185,14 @@ def _mqar(run: dict) -> list[dict]:
     return run["results"].get("mqar", {}).get("gaps", [])
 
 
+def _copy(run: dict) -> list[dict]:
+    return run["results"].get("copy", {}).get("lengths", [])
+
+
 def _columns(runs: dict) -> dict[str, list]:
-    """The measures' columns over all runs: MQAR gaps, NIAH lengths, answer-loss buckets."""
+    """The measures' columns over all runs: MQAR gaps, copied span lengths, NIAH lengths, answer-loss buckets."""
     return {"gaps": sorted({g["gap"] for run in runs.values() for g in _mqar(run)}),
+            "spans": sorted({c["length"] for run in runs.values() for c in _copy(run)}),
             "lengths": sorted({int(n) for run in runs.values() for n in _niah(run)}),
             "buckets": sorted({(b["from"], b["to"]) for run in runs.values() for b in _recall(run)})}
 
@@ -161,7 +201,9 @@ def _values(run: dict, columns: dict) -> dict[str, list[float]]:
     """One run's measures in the order of `columns` (NaN where missing)."""
     mqar, niah = {g["gap"]: g for g in _mqar(run)}, _niah(run)
     recall = {(b["from"], b["to"]): b["loss"] for b in _recall(run)}
+    copy = {c["length"]: c["accuracy"] for c in _copy(run)}
     return {"accuracy": [mqar[g]["accuracy"] if g in mqar else math.nan for g in columns["gaps"]],
+            "copy": [copy.get(n, math.nan) for n in columns["spans"]],
             "value loss": [mqar[g]["loss"] if g in mqar else math.nan for g in columns["gaps"]],
             "val loss": [run.get("val/loss", math.nan)],
             "test loss": [run.get("test/loss", math.nan)],
@@ -202,8 +244,15 @@ def report(runs: dict) -> str:
                   f"between the pairs and their queries. Chance: {mqar['chance']}.\n",
                   *_arm_table(runs, columns, gaps, [("accuracy", 1)]),
                   "## MQAR value loss (nats) by gap\n", *_arm_table(runs, columns, gaps, [("value loss", 3)])]
+    if columns["spans"]:
+        copy = next(run["results"]["copy"] for run in runs.values() if "copy" in run["results"])
+        lines += [f"## Span copying (the short-context task): accuracy (%) by span length\n\n{copy['episode']}; "
+                  f"a window W copies a span shorter than W. Chance: {copy['chance']}.\n",
+                  *_arm_table(runs, columns, [f"span {n}" for n in columns["spans"]], [("copy", 1)])]
     windows = _windows(runs)
-    lines += claims(runs, _mqar, lambda run: run.get("test/bpb", math.nan), max(windows) if windows else None)
+    long_window = max(windows) if windows else None
+    lines += _other_window_table(runs, long_window)
+    lines += claims(runs, _mqar, _copy, lambda run: run.get("test/bpb", math.nan), long_window)
     secondary = (["val loss", "test loss", "test bpb"] + [f"NIAH {n}" for n in columns["lengths"]]
                  + [f"answer loss {lo}-{hi}" for lo, hi in columns["buckets"]])
     lines += ["## Secondary measures\n", "Validation loss (text, nats per token, the last validation of fit); test "
@@ -214,6 +263,35 @@ def report(runs: dict) -> str:
     lines += ["## Every run\n", "MQAR accuracy (%) and NIAH (%) with 95% Wilson intervals.\n",
               *_run_rows(runs, columns), "## What the runs ran on\n", *_environments(runs)]
     return "\n".join(lines) + "\n"
+
+
+def _other_window_table(runs: dict, long_window: int | None) -> list[str]:
+    """Each windowed arm at its own evaluation window and at the study's other windows (eval_w<W>/): MQAR beyond the
+    long window (what the memory gives), copying inside it, test bits per byte; mean (lowest-highest seed)."""
+    windowed = sorted({arm for (arm, _), run in runs.items() if run.get("at_other_windows")})
+    if not windowed or long_window is None:
+        return []
+
+    def measures(results: dict) -> list[float]:
+        beyond = [g["accuracy"] for g in results.get("mqar", {}).get("gaps", []) if g["reach"][0] > long_window]
+        inside = [c["accuracy"] for c in results.get("copy", {}).get("lengths", []) if c["reach"] <= long_window]
+        mean = lambda xs: sum(xs) / len(xs) if xs else math.nan  # noqa: E731
+        return [mean(beyond), mean(inside), results.get("test_split", {}).get("test/bpb", math.nan)]
+
+    lines = ["## Each windowed arm at its own window and at the others\n",
+             f"MQAR accuracy beyond W = {long_window} (%, the gaps whose every pair lies beyond it: at a short window "
+             f"what the memory recalls alone), span-copy accuracy inside it (%), and test bits per byte; mean "
+             f"(lowest-highest seed).\n", "| arm | evaluated at | MQAR beyond | copy inside | test bpb |",
+             "|---|---|---|---|---|"]
+    for arm in windowed:
+        seeds = [run for (a, _), run in sorted(runs.items()) if a == arm]
+        own = seeds[0]["results"]["settings"]["window"]
+        for window in [own, *sorted(seeds[0].get("at_other_windows", {}))]:
+            per_seed = [measures(run["results"] if window == own else run.get("at_other_windows", {}).get(window, {}))
+                        for run in seeds]
+            cells = [_spread(list(column), digits) for column, digits in zip(zip(*per_seed), (1, 1, 3))]
+            lines.append(f"| {arm} | {window}{' (own)' if window == own else ''} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def compare(first: dict, second: dict) -> str:
@@ -307,6 +385,8 @@ def _plots(runs: dict, out: Path) -> None:
          lambda run: {g["gap"]: g["accuracy"] for g in _mqar(run)}),
         ("mqar_loss_vs_gap.png", "MQAR value loss vs gap", gap_axis, "value loss (nats)",
          lambda run: {g["gap"]: g["loss"] for g in _mqar(run)}),
+        ("copy_accuracy_vs_length.png", "Span-copy accuracy vs span length", "span length (characters)",
+         "accuracy (%)", lambda run: {c["length"]: c["accuracy"] for c in _copy(run)}),
         ("niah_vs_length.png", "NIAH accuracy vs context length", "context length (tokens)", "NIAH accuracy (%)",
          lambda run: {int(n): c["mean"] for n, c in _niah(run).items()}),
         ("answer_loss_vs_distance.png", "Answer-token loss vs recall distance", "fact-to-question distance "
@@ -338,6 +418,32 @@ def _plots(runs: dict, out: Path) -> None:
         fig.tight_layout()
         fig.savefig(out / name, dpi=100)
         plt.close(fig)
+    _short_context_plot(runs, out, plt)
+
+
+def _short_context_plot(runs: dict, out: Path, plt) -> None:
+    """short_context_per_arm.png: per arm, test bits per byte and span-copy accuracy inside the long window, a dot
+    per seed and a bar at the mean."""
+    windows = _windows(runs)
+    inside = lambda run: [c["accuracy"] for c in _copy(run) if windows and c["reach"] <= max(windows)]  # noqa: E731
+    panels = [("test bits per byte (lower is better)", lambda run: [run.get("test/bpb", math.nan)]),
+              (f"span-copy accuracy inside W = {max(windows) if windows else '?'} (%)",
+               lambda run: inside(run) and [sum(inside(run)) / len(inside(run))])]
+    arms = sorted({arm for arm, _ in runs})
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, (label, measure) in zip(axes, panels):
+        for i, arm in enumerate(arms):
+            values = [v for (a, _), run in sorted(runs.items()) if a == arm for v in measure(run) or []
+                      if not math.isnan(v)]
+            if values:
+                ax.bar(i, sum(values) / len(values), color="lightgrey")
+                ax.plot([i] * len(values), values, "o", color="black", markersize=3)
+        ax.set_xticks(range(len(arms)), arms, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel(label, fontsize=8)
+    fig.suptitle("The short-context side per arm (bar: mean over seeds; dots: seeds)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out / "short_context_per_arm.png", dpi=100)
+    plt.close(fig)
 
 
 def _mark_windows(ax, runs: dict) -> None:
