@@ -71,12 +71,11 @@ from litdata.streaming.resolver import Dir
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from swax_lightning.core import atomic
-
-from swax_lightning.data import loss_mask
 from swax_lightning.core.errors import ConfigError, InputError
+from swax_lightning.data import loss_mask
 from swax_lightning.data.corpus import EMBEDDED, document_refs, read_documents, split_of
-from swax_lightning.data.prompts import read_prompts
 from swax_lightning.data.loss_mask import mark
+from swax_lightning.data.prompts import read_prompts
 from swax_lightning.data.recall_documents import RecallMix, training_pieces
 from swax_lightning.data.remote import RemoteFolder, default_cache_dir, remote_url
 from swax_lightning.data.shards import check_checksums, check_sizes, checksums, read_index, split_blocks, split_tokens
@@ -229,7 +228,7 @@ class TextDataModule(L.LightningDataModule):
             seed_everything: two seeds, two data orders and two recall corpora).
         verify_checksums: Compare every shard's sha256 with the one recorded at preparation before using it (reads
             the shards once, ~1 GB/s; sizes are always checked).
-        recall: Synthetic long-range recall documents added to the training split (swax_lightning/data/recall_documents.py:
+        recall: Synthetic long-range recall documents added to the training split (recall_documents.py:
             RecallMix fields, `documents` of them); empty = none. Validation and test stay the source's text.
         prompts: Prompts for `main.py predict` (continued with the model's `generation` settings).
         prompts_file: A text file with one prompt per line, for `main.py predict`.

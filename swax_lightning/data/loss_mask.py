@@ -1,6 +1,6 @@
 """Context-only tokens: tokens a training document gives the model to read, not to predict.
 
-An associative-recall document (swax_lightning/data/mqar_episodes.py) is scored on its queried values only, as MQAR is trained
+An associative-recall document (mqar_episodes.py) is scored on its queried values only, as MQAR is trained
 (Zoology, Arora et al. 2023): its keys, stated values and filler are random by design, and scoring them buries the
 recall signal under noise that no model can learn. Measured here (docs/window-study.md): the stochastic arm on
 such documents, scored on every token, was still at chance beyond the long window after 1,500 steps; scored on the

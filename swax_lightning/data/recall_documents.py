@@ -1,7 +1,7 @@
 """Synthetic long-range recall: training documents that give a small model's memory something to do, and the
 held-out samples that measure it.
 
-Two kinds (RecallMix.kind): `facts`, below, and `mqar`, multi-query associative recall episodes (swax_lightning/data/mqar_episodes.py:
+Two kinds (RecallMix.kind): `facts`, below, and `mqar`, multi-query associative recall episodes (mqar_episodes.py:
 pairs of short keys and one-letter values, a gap of filler, then every key asked again).
 
 A `facts` training document is a stream of facts and questions in RULER's needle wording:
@@ -46,7 +46,7 @@ class RecallMix:
 
     Args:
         documents: Recall documents added to the training split (TextDataModule's `recall`).
-        kind: facts (RULER-worded facts and questions) or mqar (associative recall episodes, swax_lightning/data/mqar_episodes.py).
+        kind: facts (RULER-worded facts and questions) or mqar (associative recall episodes, mqar_episodes.py).
         min_distance: facts: shortest fact-to-question distance (characters).
         near_limit: facts: near recalls are drawn below this distance (set it to the long window).
         max_distance: facts: longest distance (set it below the training length, so fact and question share a block).

@@ -14,7 +14,6 @@ Decisions:
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 from swax_lightning.core import atomic

@@ -5,7 +5,7 @@ default), in seconds; the GPU window study's subword tokenizer (configs/study_gp
 
 Decisions:
 - Byte-level, with GPT-2's pre-tokenizer pattern: every string encodes; letters never merge with the punctuation or
-  spaces around them, so an MQAR value (a capital after "=", swax_lightning/data/mqar_episodes.py) is a token of its own and an
+  spaces around them, so an MQAR value (a capital after "=", mqar_episodes.py) is a token of its own and an
   episode tokenizes the same whole or in pieces.
 - Digits are split one by one: a 7-digit needle value is 7 tokens whatever its digits, so recalling it means copying
   digits, never looking up a number memorised as one token.
