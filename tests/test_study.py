@@ -137,6 +137,9 @@ def test_the_claims_are_read_seed_by_seed_with_paired_intervals():
                      measure)].endswith("| holds |")
         assert "| 0 of 5 | +0.000 [+0.000, +0.000] | holds |" in rows[("3. ... and not worse than long",
                                                                          "stochastic_p0.5 vs w_long", measure)]
+    two = {key: run for key, run in runs.items() if key[1] < 2}  # two seeds: counted, no verdict
+    assert f"| w_short vs w_long | {beyond} | 2 of 2 | +16.500 [+16.000, +17.000] | too few seeds for a verdict " \
+           "(n < 3) |" in report(two)
     del runs[("w_short", 0)], runs[("w_short", 1)], runs[("w_short", 2)], runs[("w_short", 3)], runs[("w_short", 4)]
     assert f"| w_short vs w_long | {beyond} | not measured | | |" in report(runs)
 

@@ -12,8 +12,9 @@ seeds" and the mean difference with a 95% bootstrap interval over seeds, and a v
 
 Decisions:
 - "holds" only where the interval excludes 0 in the claimed direction (for claim 3's second half: does not exclude 0
-  the wrong way); with 5 seeds a bootstrap interval is coarse, so the k-of-n count is printed beside it, and a claim
-  whose arms or measures are missing says "not measured" instead of a verdict.
+  the wrong way); with 5 seeds a bootstrap interval is coarse, so the k-of-n count is printed beside it; under 3
+  paired seeds there is no verdict (one seed's "interval" is a point), and a claim whose arms or measures are
+  missing says "not measured".
 - Arms are found by their file names (the study's convention: w_short, w_long, stochastic_p*); the long window is
   the largest evaluation window of the runs (results.json settings).
 - Bootstrap: 10,000 resamples of the seeds, numpy's generator at seed 0: the report is a pure function of the runs.
@@ -25,6 +26,7 @@ import math
 import numpy as np
 
 RESAMPLES = 10_000
+MIN_SEEDS = 3  # fewer paired seeds give no interval worth the name: the row gives k of n and says so
 
 
 def paired(a: dict[int, float], b: dict[int, float]) -> dict | None:
@@ -45,7 +47,8 @@ def _per_seed(runs: dict, arm: str, measure) -> dict[int, float]:
 def _row(claim: str, better: str, worse: str, what: str, d: dict | None, holds) -> str:
     if d is None:
         return f"| {claim} | {better} vs {worse} | {what} | not measured | | |"
-    verdict = "holds" if holds(d) else "does not hold"
+    verdict = (f"too few seeds for a verdict (n < {MIN_SEEDS})" if d["n"] < MIN_SEEDS
+               else "holds" if holds(d) else "does not hold")
     return (f"| {claim} | {better} vs {worse} | {what} | {d['k']} of {d['n']} | {d['mean']:+.3f} "
             f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] | {verdict} |")
 
