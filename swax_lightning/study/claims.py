@@ -53,21 +53,34 @@ def _row(claim: str, better: str, worse: str, what: str, d: dict | None, holds) 
             f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] | {verdict} |")
 
 
-def claims(runs: dict, mqar_gaps, copy_lengths, test_bpb, long_window: int | None) -> list[str]:
-    """The report's section: a table row per comparison. `mqar_gaps(run)` -> the run's MQAR cells,
-    `copy_lengths(run)` -> its span-copying cells, `test_bpb(run)` -> its test bits per byte (NaN when absent)."""
+def mqar_beyond(results: dict, long_window: int | None) -> float:
+    """Mean MQAR accuracy of a results.json over the gaps whose every pair lies beyond the long window (shortest
+    reach > it); NaN without such gaps."""
+    return _mean([g["accuracy"] for g in results.get("mqar", {}).get("gaps", [])
+                  if long_window and g["reach"][0] > long_window])
+
+
+def copy_inside(results: dict, long_window: int | None) -> float:
+    """Mean span-copy accuracy of a results.json over the span lengths the long window copies (reach <= it)."""
+    return _mean([c["accuracy"] for c in results.get("copy", {}).get("lengths", [])
+                  if long_window and c["reach"] <= long_window])
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def claims(runs: dict, test_bpb, long_window: int | None) -> list[str]:
+    """The report's section: a table row per comparison; `test_bpb(run)` -> a run's test bits per byte (NaN when
+    absent)."""
     arms = sorted({arm for arm, _ in runs})
     stochastic = [arm for arm in arms if arm.startswith("stochastic")]
 
     def recall_beyond(run: dict) -> float:
-        """Mean accuracy over the gaps whose every pair lies beyond the long window (shortest reach > it)."""
-        cells = [g for g in mqar_gaps(run) if long_window and g["reach"][0] > long_window]
-        return sum(g["accuracy"] for g in cells) / len(cells) if cells else math.nan
+        return mqar_beyond(run["results"], long_window)
 
-    def copy_inside(run: dict) -> float:
-        """Mean copy accuracy over the span lengths the long window copies (reach <= it)."""
-        cells = [c for c in copy_lengths(run) if long_window and c["reach"] <= long_window]
-        return sum(c["accuracy"] for c in cells) / len(cells) if cells else math.nan
+    def copying(run: dict) -> float:
+        return copy_inside(run["results"], long_window)
 
     def negated_bpb(run: dict) -> float:  # higher is better, as for the accuracies
         return -test_bpb(run)
@@ -86,7 +99,7 @@ def claims(runs: dict, mqar_gaps, copy_lengths, test_bpb, long_window: int | Non
         return d["ci95"][1] >= 0
 
     beyond = f"MQAR accuracy beyond W = {long_window} (points)"
-    short_context = [(f"copy accuracy inside W = {long_window} (points)", copy_inside),
+    short_context = [(f"copy accuracy inside W = {long_window} (points)", copying),
                      ("test bits per byte (negated)", negated_bpb)]
     lines = ["## The paper's claims, seed by seed\n",
              "Each row pairs two arms seed by seed (a seed sets the data, the recall episodes, the windows and the "

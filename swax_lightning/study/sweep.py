@@ -49,7 +49,7 @@ from pathlib import Path
 
 from swax_lightning.core.config_files import merged_config
 from swax_lightning.core.environment import ENVIRONMENT_FILE
-from swax_lightning.study.claims import claims
+from swax_lightning.study.claims import claims, copy_inside, mqar_beyond
 from swax_lightning.training.runs import run_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -252,7 +252,7 @@ def report(runs: dict) -> str:
     windows = _windows(runs)
     long_window = max(windows) if windows else None
     lines += _other_window_table(runs, long_window)
-    lines += claims(runs, _mqar, _copy, lambda run: run.get("test/bpb", math.nan), long_window)
+    lines += claims(runs, lambda run: run.get("test/bpb", math.nan), long_window)
     secondary = (["val loss", "test loss", "test bpb"] + [f"NIAH {n}" for n in columns["lengths"]]
                  + [f"answer loss {lo}-{hi}" for lo, hi in columns["buckets"]])
     lines += ["## Secondary measures\n", "Validation loss (text, nats per token, the last validation of fit); test "
@@ -273,10 +273,8 @@ def _other_window_table(runs: dict, long_window: int | None) -> list[str]:
         return []
 
     def measures(results: dict) -> list[float]:
-        beyond = [g["accuracy"] for g in results.get("mqar", {}).get("gaps", []) if g["reach"][0] > long_window]
-        inside = [c["accuracy"] for c in results.get("copy", {}).get("lengths", []) if c["reach"] <= long_window]
-        mean = lambda xs: sum(xs) / len(xs) if xs else math.nan  # noqa: E731
-        return [mean(beyond), mean(inside), results.get("test_split", {}).get("test/bpb", math.nan)]
+        return [mqar_beyond(results, long_window), copy_inside(results, long_window),
+                results.get("test_split", {}).get("test/bpb", math.nan)]
 
     lines = ["## Each windowed arm at its own window and at the others\n",
              f"MQAR accuracy beyond W = {long_window} (%, the gaps whose every pair lies beyond it: at a short window "
@@ -425,16 +423,15 @@ def _short_context_plot(runs: dict, out: Path, plt) -> None:
     """short_context_per_arm.png: per arm, test bits per byte and span-copy accuracy inside the long window, a dot
     per seed and a bar at the mean."""
     windows = _windows(runs)
-    inside = lambda run: [c["accuracy"] for c in _copy(run) if windows and c["reach"] <= max(windows)]  # noqa: E731
-    panels = [("test bits per byte (lower is better)", lambda run: [run.get("test/bpb", math.nan)]),
-              (f"span-copy accuracy inside W = {max(windows) if windows else '?'} (%)",
-               lambda run: inside(run) and [sum(inside(run)) / len(inside(run))])]
+    long_window = max(windows) if windows else None
+    panels = [("test bits per byte (lower is better)", lambda run: run.get("test/bpb", math.nan)),
+              (f"span-copy accuracy inside W = {long_window} (%)",
+               lambda run: copy_inside(run["results"], long_window))]
     arms = sorted({arm for arm, _ in runs})
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, (label, measure) in zip(axes, panels):
         for i, arm in enumerate(arms):
-            values = [v for (a, _), run in sorted(runs.items()) if a == arm for v in measure(run) or []
-                      if not math.isnan(v)]
+            values = [v for (a, _), run in sorted(runs.items()) if a == arm if not math.isnan(v := measure(run))]
             if values:
                 ax.bar(i, sum(values) / len(values), color="lightgrey")
                 ax.plot([i] * len(values), values, "o", color="black", markersize=3)
