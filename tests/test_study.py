@@ -190,3 +190,21 @@ def test_the_gpu_study_configs_train_a_step_and_evaluate_on_cpu_at_toy_size(tmp_
     results = json.loads((arm / "eval/results.json").read_text())
     assert results["settings"]["window"] == 64 and [c["length"] for c in results["copy"]["lengths"]] == [8, 24, 48, 96]
     assert json.loads((arm / "eval_w2/results.json").read_text())["settings"]["window"] == 2
+
+
+def test_an_arm_is_tested_at_every_study_window_but_its_own_and_a_control_at_none(tmp_path):
+    # Its own window is its eval_window, or the model's window where the schedule leaves it empty (the callback's
+    # default); an arm without a window schedule (attention, xLSTM) has no other window.
+    from swax_lightning.study.sweep import other_windows, study_windows
+
+    (tmp_path / "_base.yaml").write_text("model:\n  arch:\n    window: 64\n")
+    arms = {"short.yaml": "window:\n  windows: [2]\n  eval_window: 2\n",
+            "long.yaml": "window:\n  windows: [64]\n",  # evaluated at the model's window, 64
+            "stochastic.yaml": "window:\n  windows: [2, 64]\n  eval_window: 64\n",
+            "control.yaml": "model:\n  arch:\n    pattern: A\n"}
+    for name, text in arms.items():
+        (tmp_path / name).write_text("extends: _base.yaml\n" + text)
+    windows = study_windows(tmp_path)
+    assert windows == [2, 64]
+    assert {name: other_windows(tmp_path / name, windows) for name in arms} == {
+        "short.yaml": [64], "long.yaml": [2], "stochastic.yaml": [2], "control.yaml": []}

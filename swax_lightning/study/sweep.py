@@ -41,6 +41,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -85,8 +86,9 @@ def study_windows(folder: Path) -> list[int]:
 def other_windows(config: Path, windows: list[int]) -> list[int]:
     """The study's windows an arm is also evaluated at: all but its own evaluation window; none for an arm without
     a window schedule (attention-only, xLSTM-only)."""
-    schedule = merged_config(config).get("window") or {}
-    own = schedule.get("eval_window")
+    merged = merged_config(config)
+    schedule = merged.get("window") or {}
+    own = schedule.get("eval_window", (merged.get("model") or {}).get("arch", {}).get("window"))  # the callback's
     return [w for w in windows if w != own] if schedule.get("windows") else []
 
 
@@ -155,8 +157,8 @@ def load_runs(experiment_dir: Path) -> dict:
         arm, seed = folder.name.rsplit("-s", 1)
         environment = folder / ENVIRONMENT_FILE
         loaded = json.loads(results.read_text())
-        others = {int(other.parent.name[len("eval_w"):]): json.loads(other.read_text())
-                  for other in sorted(folder.glob("eval_w*/results.json"))}
+        others = {int(match[1]): json.loads(other.read_text()) for other in sorted(folder.glob("eval_w*/results.json"))
+                  if (match := re.fullmatch(r"eval_w(\d+)", other.parent.name))}
         runs[(arm, int(seed))] = {"results": loaded, **_scalars(folder), **loaded.get("test_split", {}),
                                   "at_other_windows": others,
                                   "environment": json.loads(environment.read_text()) if environment.is_file() else {}}
@@ -249,8 +251,7 @@ def report(runs: dict) -> str:
         lines += [f"## Span copying (the short-context task): accuracy (%) by span length\n\n{copy['episode']}; "
                   f"a window W copies a span shorter than W. Chance: {copy['chance']}.\n",
                   *_arm_table(runs, columns, [f"span {n}" for n in columns["spans"]], [("copy", 1)])]
-    windows = _windows(runs)
-    long_window = max(windows) if windows else None
+    long_window = _long_window(runs)
     lines += _other_window_table(runs, long_window)
     lines += claims(runs, lambda run: run.get("test/bpb", math.nan), long_window)
     secondary = (["val loss", "test loss", "test bpb"] + [f"NIAH {n}" for n in columns["lengths"]]
@@ -371,6 +372,12 @@ def _windows(runs: dict) -> list[int]:
                    if run["results"].get("settings", {}).get("window")})
 
 
+def _long_window(runs: dict) -> int | None:
+    """The largest evaluation window of the SWA arms: the long window the claims and tables read against."""
+    windows = _windows(runs)
+    return max(windows) if windows else None
+
+
 def _plots(runs: dict, out: Path) -> None:
     import matplotlib
 
@@ -422,8 +429,7 @@ def _plots(runs: dict, out: Path) -> None:
 def _short_context_plot(runs: dict, out: Path, plt) -> None:
     """short_context_per_arm.png: per arm, test bits per byte and span-copy accuracy inside the long window, a dot
     per seed and a bar at the mean."""
-    windows = _windows(runs)
-    long_window = max(windows) if windows else None
+    long_window = _long_window(runs)
     panels = [("test bits per byte (lower is better)", lambda run: run.get("test/bpb", math.nan)),
               (f"span-copy accuracy inside W = {long_window} (%)",
                lambda run: copy_inside(run["results"], long_window))]
