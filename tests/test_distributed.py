@@ -309,6 +309,10 @@ def test_sharded_test_on_an_uneven_split_scores_what_one_process_scores(tmp_path
     a, b = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("sharded", "single"))
     evaluated = [run["settings"].pop("checkpoint")["path"] for run in (a, b)]  # each names its own file
     assert evaluated == [str(_ckpt(two_rank_run)), str(consolidated)]
+    split_a, split_b = a.pop("test_split"), b.pop("test_split")  # the test loop's figures: sums in another order
+    assert split_a.keys() == split_b.keys() >= {"test/loss", "test/bpb"}
+    for name in split_a:
+        _assert_same_loss(split_a[name], split_b[name])
     assert a == b and a["niah"] and a["babilong"] and a["perplexity"]
 
 
