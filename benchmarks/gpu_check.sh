@@ -4,7 +4,8 @@
 #   bash benchmarks/gpu_check.sh --dry-run        print every stage, its time limit and its basis, and the wheels
 #   bash benchmarks/gpu_check.sh --wheels         download those wheels into benchmarks/wheels/ (a networked machine)
 #   bash benchmarks/gpu_check.sh --study [summary.json]   the GPU window study instead (issue 26 item 5): install,
-#                                                 then the six arms of configs/study_gpu, seed 0, in 8 minutes
+#                                                 then the six arms of configs/study_gpu, seed 0, in 7 minutes
+#                                                 (418 s on one H200, 2026-12-04; limits 570 s: one device call)
 # The stages (STAGES below is the one list; limits in seconds, 420 in all: 60 s of margin):
 # - install: .venv if its torch sees a GPU; else the machine's python3 if its torch does (a CUDA image without
 #   network: what it lacks comes from benchmarks/wheels/, made beforehand with --wheels and carried along, pytest
@@ -55,7 +56,7 @@ swa|-|60|last: done within its 75 s with 5 implementations; 2-3 now (own, FlexAt
 train_1.4b_w128|-|35|never run at W 128; at W 2048: 0.767 s a step, done within its 40 s with 5 steps, 4 now
 train_1.4b_w2048|-|35|last: 0.767 s a step, done within its 40 s with 5 steps, 4 now
 fit_tiny|-|30|last: 200 steps in 30 s with start-up (README); 50 steps now
-study|study|420|never run on a GPU: six arms of 600 steps of 64 x 512 tokens (26M parameters), two at a time, with their evaluations at both windows, estimated from the tiny fit's 166k tokens/s"
+study|study|540|last (2026-12-04, one H200): 418 s for six arms of 600 steps of 64 x 512 tokens (26M parameters), two at a time, with their evaluations at both windows; 1.3 x that"
 
 stage_install() {
   if [ -x .venv/bin/python ] && sees_gpu .venv/bin/python; then
@@ -118,7 +119,7 @@ if [ "${1:-}" = "--dry-run" ]; then
                                        END {print s + t}')
   echo "total of the limits: $total s of 480 (the side-by-side tests count once: their slowest group's limit)"
   study=$(( $(field install 3) + $(field study 3) ))
-  echo "--study: install and study, $study s of 480 (the study's arms: $(ls $STUDY_CONFIGS | grep -v '^_' | paste -sd' '))"
+  echo "--study: install and study, $study s of 600, one device call (the study's arms: $(ls $STUDY_CONFIGS | grep -v '^_' | paste -sd' '))"
   echo "extra with GPU_CHECK_EXTRA=1 (outside the budget): $(echo "$EXTRA" | cut -d: -f1 | paste -sd' ')"
   echo "wheels for a CUDA image without network (benchmarks/wheels/, from --wheels):"
   for wheel in $OFFLINE_WHEELS; do

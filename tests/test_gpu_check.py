@@ -20,10 +20,10 @@ def test_dry_run_lists_every_stage_limit_and_wheel():
     for wheel in ("pytest==", "pluggy==", "iniconfig==", "mlstm_kernels==", "fla-core==", "jsonargparse=="):
         assert f"  {wheel}" in out, wheel
     assert "--- study:" in out and "train_14b --window 128" in out  # each stage's command is shown
-    # The GPU window study runs apart (--study): install and its own stage, inside the same 8 minutes.
+    # The GPU window study runs apart (--study): install and its own stage, inside one 10-minute device call.
     assert next(row for row in table if row[0] == "study")[1] == "--study only"
     study = next(line for line in out.splitlines() if line.startswith("--study: install and study,"))
-    assert int(study.split()[4]) <= 450 and "w_short.yaml" in study
+    assert int(study.split()[4]) <= 570 and "w_short.yaml" in study
 
 
 def _stage(log: Path, name: str, text: str, rc: int | None = None, seconds: int = 5):
