@@ -34,7 +34,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 # What a CUDA image with torch, triton, lightning, torchmetrics, tensorboard, numpy and PyYAML may lack, taken without
 # their declared dependencies (litdata's would pull a CUDA torch stack). boto3 and its kin: litdata imports them at
-# start-up; tokenizers: the study's BPE (it imports without huggingface-hub); pytest and its own dependencies run the
+# start-up; tokenizers: the BPE tokenizers of data.tokenizer (it imports without huggingface-hub); pytest and its own dependencies run the
 # tests; pytest-timeout gives each test a limit.
 OFFLINE_WHEELS="jsonargparse==4.53.0 docstring-parser==0.18.0 typeshed-client==2.15.0 litdata==0.2.76 obstore==0.12.1
   boto3==1.44.8 botocore==1.44.8 s3transfer==0.19.3 jmespath==1.1.0 fla-core==0.6.0 einops==0.8.2 mlstm_kernels==2.0.6
