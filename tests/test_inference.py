@@ -162,10 +162,13 @@ def test_generate_command_from_a_checkpoint(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("chunk_len", [1, 3, 16])
-def test_short_convolutions_stream_exactly(chunk_len):
-    # Gated DeltaNet with its short convolutions: the conv state in the cache must continue each chunk and decode step
-    # exactly, and left padding must leave a prompt's result unchanged.
-    model = _model("SD", deltanet_conv=4)
+@pytest.mark.parametrize("pattern,convs", [("SD", dict(deltanet_conv=4)), ("SA", dict(attention_conv=3, n_sink=2)),
+                                           ("AX", dict(attention_conv=4))])
+def test_short_convolutions_stream_exactly(chunk_len, pattern, convs):
+    # Gated DeltaNet's and attention's short convolutions: the conv state in the cache must continue each chunk and
+    # decode step exactly (the window's ring and the full cache alike), and left padding must leave a prompt's result
+    # unchanged.
+    model = _model(pattern, **convs)
     idx = torch.randint(0, 50, (2, 41), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         full = model(idx)

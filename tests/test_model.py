@@ -15,10 +15,10 @@ def _model(pattern, n_layers=None, seed=0, **overrides):
     return SWAXModel(cfg).double().eval()
 
 
-@pytest.mark.parametrize("pattern,n_sink", [("S", 0), ("S", 2), ("X", 0), ("A", 0), ("SX", 0), ("SX", 2), ("D", 0),
-                                            ("SD", 2), ("SA", 0)])
-def test_causality(pattern, n_sink):
-    model = _model(pattern, n_sink=n_sink)
+@pytest.mark.parametrize("pattern,n_sink,conv", [("S", 0, 0), ("S", 2, 0), ("X", 0, 0), ("A", 0, 0), ("SX", 0, 0),
+                                                 ("SX", 2, 0), ("D", 0, 0), ("SD", 2, 0), ("SA", 0, 0), ("SA", 2, 3)])
+def test_causality(pattern, n_sink, conv):
+    model = _model(pattern, n_sink=n_sink, attention_conv=conv)
     idx = torch.randint(0, 50, (2, 29))
     changed = idx.clone()
     t = 17
@@ -43,6 +43,23 @@ def test_window_reaches_only_what_it_should():
     with torch.no_grad():
         diff6 = (model(idx) - model(changed)).abs().amax(-1)[0]
     assert diff6[8] > 0 and model.window == 6
+
+
+def test_attention_convolutions_widen_the_reach_by_kernel_minus_one():
+    # One SWA layer, W = 5, short convolutions of K = 3 on q, k, v: position t reads tokens t-6 .. t (W + K - 1),
+    # and the layer differs from the same weights without them.
+    model = _model("S", n_layers=1, attention_conv=3)
+    idx = torch.randint(0, 50, (1, 20))
+    changed = idx.clone()
+    changed[:, 3] = (changed[:, 3] + 1) % 50
+    with torch.no_grad():
+        diff = (model(idx) - model(changed)).abs().amax(-1)[0]
+    assert (diff[3:10] > 0).all() and (diff[10:] == 0).all() and (diff[:3] == 0).all()
+    plain = _model("S", n_layers=1)
+    plain.load_state_dict(model.state_dict(), strict=False)
+    assert sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in plain.parameters()) == 3 * 3 * 32
+    with torch.no_grad():
+        assert not torch.allclose(plain(idx), model(idx))
 
 
 def test_window_at_least_T_equals_full_attention():
@@ -86,6 +103,7 @@ def test_bf16_autocast_forward_backward_finite():
     ("n_kv_heads", 3),        # does not divide n_heads
     ("mlstm_heads", 3),       # does not divide the q/k width
     ("deltanet_heads", 3),
+    ("attention_conv", -1),
     ("norm_eps", 0.0),
     ("max_positions", 0),
     ("rope_scale", {"type": "yarn", "factor": 4.0}),

@@ -56,6 +56,10 @@ class OneChunk(torch.nn.Module):
     def new_caches(self, batch, dtype):
         return []
 
+    def forward(self, ids, caches=None, positions=None, logits_at=None):
+        logits = self.all_logits(ids)
+        return logits if logits_at is None else logits[logits_at]
+
 
 class Oracle(OneChunk):
     """Knows the full token stream it is evaluated on: logits one-hot on the true next token."""
@@ -64,7 +68,7 @@ class Oracle(OneChunk):
         super().__init__()
         self.stream, self.vocab, self.w = stream, vocab, torch.nn.Parameter(torch.zeros(1))
 
-    def forward(self, ids, caches=None, positions=None):
+    def all_logits(self, ids):
         nxt = torch.tensor(self.stream[1:ids.shape[1] + 1])
         return 50.0 * torch.nn.functional.one_hot(nxt, self.vocab).float()[None]
 
@@ -74,7 +78,7 @@ class Blind(OneChunk):
         super().__init__()
         self.vocab, self.w = vocab, torch.nn.Parameter(torch.zeros(1))
 
-    def forward(self, ids, caches=None, positions=None):
+    def all_logits(self, ids):
         return torch.zeros(1, ids.shape[1], self.vocab)
 
 
@@ -85,7 +89,7 @@ class Copier(OneChunk):
         super().__init__()
         self.offset, self.vocab, self.w = offset, vocab, torch.nn.Parameter(torch.zeros(1))
 
-    def forward(self, ids, caches=None, positions=None):
+    def all_logits(self, ids):
         back = torch.cat([torch.zeros(ids.shape[0], self.offset - 1, dtype=ids.dtype), ids], 1)[:, :ids.shape[1]]
         return 50.0 * torch.nn.functional.one_hot(back, self.vocab).float()
 

@@ -9,6 +9,11 @@ Backward: each chunk's logits are recomputed and
 (rows with an ignored target get dy = 0; N counts the others, as torch's cross_entropy with reduction "mean"), so
 peak memory is a few [rows, V] fp32 tensors instead of about three [N, V] ones, for one extra head matmul.
 
+A frozen head (the weight needs no gradient, h does: the LoRA stage of a retrofit) takes a
+shorter road: the forward computes dh for a unit upstream gradient in the same pass over the chunks (two head matmuls
+per chunk in all, against four: no recomputed logits, no dW) and keeps dh instead of h and W; the backward scales it.
+Timed against the trainable road by benchmarks/ce_frozen_head.py.
+
 Decisions:
 - Autocast: forward and backward run under the autocast state the forward was called in (torch.amp's custom_fwd /
   custom_bwd, one autograd Function per device type that has autocast), so under bf16 autocast all three head
@@ -39,39 +44,54 @@ def _logits(h_c: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return h_c @ weight.T
 
 
-def _forward(ctx, h, weight, targets, cap, rows, ignore_index):
+def _grad_logits(y: torch.Tensor, targets: torch.Tensor, kept: torch.Tensor, scale: torch.Tensor, cap: float,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """dz, the gradient of one chunk's loss share at its logits (the module docstring's formula), in `dtype`."""
+    dy = torch.softmax(y, dim=1)
+    dy.scatter_add_(1, targets[:, None], dy.new_full((y.shape[0], 1), -1.0))
+    dy.mul_(torch.where(kept[:, None], scale, 0.0))
+    if cap > 0:
+        dy.mul_(1 - (y / cap) ** 2)
+    return dy.to(dtype)
+
+
+def _forward(ctx, h, weight, targets, cap, rows, ignore_index, frozen_head):
     kept = targets != ignore_index
     picked_targets = torch.where(kept, targets, 0)  # any valid index: those rows are masked out below
     total = torch.zeros((), dtype=fp32(h[:0]).dtype, device=h.device)
+    unit_scale = total.new_ones(()) / kept.sum()  # the backward's grad / N for a unit upstream gradient
+    dh = torch.empty_like(h) if frozen_head else None
     for start in range(0, h.shape[0], rows):
-        y = soft_cap(fp32(_logits(h[start:start + rows], weight)), cap)
-        picked = y.gather(1, picked_targets[start:start + rows, None])[:, 0]
+        chunk = slice(start, start + rows)
+        logits = _logits(h[chunk], weight)
+        y = soft_cap(fp32(logits), cap)
+        picked = y.gather(1, picked_targets[chunk, None])[:, 0]
         loss = torch.logsumexp(y, dim=1) - picked
-        total = total + torch.where(kept[start:start + rows], loss, 0.0).sum()
-    ctx.save_for_backward(h, weight, picked_targets, kept)
+        total = total + torch.where(kept[chunk], loss, 0.0).sum()
+        if frozen_head:
+            dh[chunk] = _grad_logits(y, picked_targets[chunk], kept[chunk], unit_scale, cap, logits.dtype) @ weight
+    ctx.frozen_head = frozen_head
+    ctx.save_for_backward(*((dh,) if frozen_head else (h, weight, picked_targets, kept)))
     ctx.cap, ctx.rows = cap, rows
     return total / kept.sum()
 
 
 def _backward(ctx, grad):
+    if ctx.frozen_head:
+        (dh,) = ctx.saved_tensors
+        return dh * grad, None, None, None, None, None, None
     h, weight, targets, kept = ctx.saved_tensors
     cap, rows = ctx.cap, ctx.rows
     scale = grad / kept.sum()
     dh = torch.empty_like(h)
     dw = torch.zeros_like(weight, dtype=fp32(weight[:0]).dtype)
     for start in range(0, h.shape[0], rows):
-        h_c = h[start:start + rows]
-        logits = _logits(h_c, weight)
-        y = soft_cap(fp32(logits), cap)
-        dy = torch.softmax(y, dim=1)
-        dy.scatter_add_(1, targets[start:start + rows, None], dy.new_full((h_c.shape[0], 1), -1.0))
-        dy.mul_(torch.where(kept[start:start + rows, None], scale, 0.0))
-        if cap > 0:
-            dy.mul_(1 - (y / cap) ** 2)
-        dz = dy.to(logits.dtype)
-        dh[start:start + rows] = dz @ weight
-        dw.add_(dz.T @ h_c)
-    return dh, dw.to(weight.dtype), None, None, None, None
+        chunk = slice(start, start + rows)
+        logits = _logits(h[chunk], weight)
+        dz = _grad_logits(soft_cap(fp32(logits), cap), targets[chunk], kept[chunk], scale, cap, logits.dtype)
+        dh[chunk] = dz @ weight
+        dw.add_(dz.T @ h[chunk])
+    return dh, dw.to(weight.dtype), None, None, None, None, None
 
 
 @functools.cache
@@ -93,4 +113,5 @@ def softcap_cross_entropy_chunked(h: torch.Tensor, weight: torch.Tensor, targets
     """Same contract as kernels.ce.naive.softcap_cross_entropy_reference: h [N, d], weight [V, d], targets [N]."""
     if rows < 1:
         raise ValueError(f"rows must be >= 1 (got {rows})")
-    return _loss_function(h.device.type).apply(h, weight, targets, cap, rows, ignore_index)
+    frozen_head = torch.is_grad_enabled() and h.requires_grad and not weight.requires_grad
+    return _loss_function(h.device.type).apply(h, weight, targets, cap, rows, ignore_index, frozen_head)

@@ -118,8 +118,8 @@ class SwaxLM(LM):
         scored = torch.zeros_like(targets, dtype=torch.bool)  # the continuation's positions: the last len(cont)
         for b, (_, cont) in enumerate(pairs):
             scored[b, -len(cont):] = True
-        logprob, greedy = token_scores(self.model, idx, positions, targets, self.chunk_len)
-        total, all_greedy = (logprob * scored).sum(1), (greedy | ~scored).all(1)
+        logprob, greedy = token_scores(self.model, idx, positions, targets, self.chunk_len, scored)
+        total, all_greedy = logprob.sum(1), greedy.all(1)
         return [(float(t), bool(g)) for t, g in zip(total, all_greedy)]
 
     def _batched(self, pairs: list, disable_tqdm: bool, desc: str) -> list[tuple[float, bool]]:

@@ -54,8 +54,10 @@ def answer_loss(model, tokenizer, prompt: str, answer: str, chunk_len: int = 409
     device = next(model.parameters()).device
     ids = torch.tensor([context + target], device=device)
     n = ids.shape[1] - 1
-    logprob, greedy = token_scores(model, ids[:, :n], torch.arange(n, device=device)[None], ids[:, 1:], chunk_len)
-    return float(-logprob[0, -len(target):].mean()), bool(greedy[0, -len(target):].all())
+    answer = torch.arange(n, device=device)[None] >= n - len(target)
+    logprob, greedy = token_scores(model, ids[:, :n], torch.arange(n, device=device)[None], ids[:, 1:], chunk_len,
+                                   answer)
+    return float(-logprob[answer].mean()), bool(greedy[answer].all())
 
 
 def recall_losses(model, tokenizer, edges: list[int], samples: int, seed: int = 0, progress=None) -> dict:

@@ -19,6 +19,11 @@ Decisions:
   names (auto: SDPA for full attention, the blocked O(T * W) PyTorch path on CPU, flash-attn or Triton on GPU).
 - Streaming inference passes a cache (cache.py) and the tokens' absolute positions; the cache then holds the keys
   and values the chunk needs, and nothing else changes.
+- attention_conv K > 0: short causal convolutions (depthwise, SiLU, as Gated DeltaNet's) on q, k and v before the
+  norms and RoPE, so a key carries the K - 1 tokens before it and one layer can look a value up by the key written
+  before it (an induction step that otherwise needs two layers). Off (0) by default: the paper's SWA has none; the
+  window study turns it on for every attention layer of every arm alike (docs/window-study.md). The convolutions'
+  states ride in the cache, so streaming stays exact; a window of W keys then reads W + K - 1 tokens back.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ import torch
 import torch.nn as nn
 
 from swax_lightning.kernels import sliding_window_attention
-from swax_lightning.model.building_blocks import rope_rotate
+from swax_lightning.model.building_blocks import ShortConv, rope_rotate, short_convolved
 from swax_lightning.model.cache import FullKVCache, WindowKVCache
 from swax_lightning.model.config import ModelConfig
 
@@ -43,6 +48,8 @@ class Attention(nn.Module):
         self.n_sink = cfg.n_sink if sliding else 0
         self.kernel = cfg.kernels["attention"]
         add_projections(self, cfg)
+        widths = (self.n_heads * self.head_dim, *2 * (self.n_kv_heads * self.head_dim,))
+        self.convs = nn.ModuleList(ShortConv(w, cfg.attention_conv) for w in widths) if cfg.attention_conv else None
 
     def restrict_to_window(self, window: int, n_sink: int) -> None:
         """Attend to the `window` most recent keys plus the first `n_sink` from now on: only the mask changes (the
@@ -50,19 +57,21 @@ class Attention(nn.Module):
         self.sliding, self.window, self.n_sink = True, int(window), int(n_sink)
 
     def new_cache(self, batch: int, dtype: torch.dtype, device) -> WindowKVCache | FullKVCache:
+        conv = [conv.new_state(batch, dtype, device) for conv in self.convs] if self.convs else None
         if self.sliding:
-            return WindowKVCache(batch, self.window, self.n_sink, self.n_kv_heads, self.head_dim, dtype, device)
-        return FullKVCache(batch, self.n_kv_heads, self.head_dim, dtype, device)
+            return WindowKVCache(batch, self.window, self.n_sink, self.n_kv_heads, self.head_dim, dtype, device, conv)
+        return FullKVCache(batch, self.n_kv_heads, self.head_dim, dtype, device, conv)
 
     def forward(self, x: torch.Tensor, cache: WindowKVCache | FullKVCache | None = None,
                 positions: torch.Tensor | None = None) -> torch.Tensor:
         """x [B, T, d]. Training: no cache, positions 0 .. T-1. Streaming: a cache and positions [B, T]."""
         B, T, _ = x.shape
+        q, k, v = short_convolved(self.convs, [self.q_proj(x), self.k_proj(x), self.v_proj(x)], cache, positions)
         if positions is None:
             positions = torch.arange(T, device=x.device)
-        q = self._rope(self.q_norm(self.q_proj(x).view(B, T, self.n_heads, self.head_dim)), positions)
-        k = self._rope(self.k_norm(self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)), positions)
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        q = self._rope(self.q_norm(q.view(B, T, self.n_heads, self.head_dim)), positions)
+        k = self._rope(self.k_norm(k.view(B, T, self.n_kv_heads, self.head_dim)), positions)
+        v = v.view(B, T, self.n_kv_heads, self.head_dim)
         if cache is None:
             out = sliding_window_attention(q, k, v, self.window, self.n_sink, kernel=self.kernel)
         else:
@@ -73,7 +82,8 @@ class Attention(nn.Module):
         return rope_rotate(x, positions, self.rope_theta, self.rope_scale, self.max_positions)
 
     def extra_repr(self) -> str:
-        return f"window={self.window}, n_sink={self.n_sink}, heads={self.n_heads}/{self.n_kv_heads}"
+        conv = f", conv={self.convs[0].kernel}" if self.convs else ""
+        return f"window={self.window}, n_sink={self.n_sink}, heads={self.n_heads}/{self.n_kv_heads}{conv}"
 
 
 def add_projections(layer: nn.Module, cfg: ModelConfig) -> None:

@@ -130,3 +130,19 @@ class ShortConv(nn.Module):
         padded = torch.cat([state.to(x.dtype), x], dim=1)
         y = F.conv1d(padded.transpose(1, 2), self.weight.to(x.dtype), groups=x.shape[-1]).transpose(1, 2)
         return F.silu(y), padded[:, padded.shape[1] - (self.kernel - 1):]
+
+
+def short_convolved(convs: nn.ModuleList | None, projections: list[torch.Tensor], cache,
+                    positions: torch.Tensor | None) -> list[torch.Tensor]:
+    """Each projection [B, T, C] through its ShortConv (none: unchanged), the convolutions' states taken from and
+    left in `cache.conv` when streaming; left padding (positions < 0) enters them as zeros, as before a sequence's
+    first token, so a padded prompt's result equals its own."""
+    if convs is None:
+        return projections
+    if positions is not None:
+        projections = [t.masked_fill((positions < 0)[..., None], 0.0) for t in projections]
+    states = cache.conv if cache is not None else [None] * len(projections)
+    out = [conv(t, state) for conv, t, state in zip(convs, projections, states)]
+    if cache is not None:
+        cache.conv = [state for _, state in out]
+    return [y for y, _ in out]

@@ -5,6 +5,8 @@
 - FullKVCache (A layers, baselines): every key/value so far; it grows with the context, by design.
 - RecurrentCache (X and D layers): the recurrent state in fp32, a fixed size: (C, n, m) for the mLSTM, S for Gated
   DeltaNet.
+- Every cache also carries its layer's short-convolution states (`conv`: [B, kernel-1, channels] each) when the layer
+  has them (Gated DeltaNet's deltanet_conv, attention's attention_conv); None otherwise.
 
 Decisions:
 - A chunk of new tokens attends to [sinks | cached keys | its own keys] with a mask computed from absolute positions,
@@ -44,8 +46,9 @@ def _attend(q, k, v, q_pos, k_pos, window: int | None, n_sink: int = 0):
 class WindowKVCache:
     """Last `window` keys/values (a ring) plus the first `n_sink` (sinks), per sequence of the batch."""
 
-    def __init__(self, batch: int, window: int, n_sink: int, kv_heads: int, head_dim: int, dtype, device):
-        self.window, self.n_sink = window, n_sink
+    def __init__(self, batch: int, window: int, n_sink: int, kv_heads: int, head_dim: int, dtype, device,
+                 conv: list | None = None):
+        self.window, self.n_sink, self.conv = window, n_sink, conv
         shape = (batch, window, kv_heads, head_dim)
         self.k, self.v = torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
         self.pos = torch.full((batch, window), -1, dtype=torch.long, device=device)
@@ -75,13 +78,14 @@ class WindowKVCache:
             self.pos[b, slots[b, real]] = positions[b, real]
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.sink_k, self.sink_v))
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.sink_k, self.sink_v, *(self.conv or ())))
 
 
 class FullKVCache:
     """Every key/value so far (full causal attention); grows with the context."""
 
-    def __init__(self, batch: int, kv_heads: int, head_dim: int, dtype, device):
+    def __init__(self, batch: int, kv_heads: int, head_dim: int, dtype, device, conv: list | None = None):
+        self.conv = conv
         self.k = torch.zeros(batch, 0, kv_heads, head_dim, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
         self.pos = torch.zeros(batch, 0, dtype=torch.long, device=device)
@@ -92,7 +96,7 @@ class FullKVCache:
         return _attend(q, self.k, self.v, positions, self.pos, None)
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.k, self.v))
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v, *(self.conv or ())))
 
 
 class RecurrentCache:

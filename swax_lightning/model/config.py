@@ -86,6 +86,8 @@ class ModelConfig:
         deltanet_v_factor: v width of Gated DeltaNet as a fraction of d_model.
         deltanet_conv: Kernel size of Gated DeltaNet's short causal convolutions on q, k and v (depthwise, SiLU);
             0 = none. Its authors use 4 and call them crucial; the SD baseline configs use 4.
+        attention_conv: The same short convolutions on the attention layers' (S and A) q, k and v; 0 = none (the
+            paper's SWA). With them one attention layer can look a value up by the key before it (attention.py).
         chunk_size: Chunk length of the chunkwise mLSTM and Gated DeltaNet forms.
         lolcats_window: Block length of the LoLCATs (L) layer's terraced softmax window: a query in block t // W sees
             its own block up to itself and the previous block with softmax (W + 1 .. 2 W keys), every earlier key
@@ -140,6 +142,7 @@ class ModelConfig:
     deltanet_qk_factor: float = 0.5
     deltanet_v_factor: float = 1.0
     deltanet_conv: int = 0
+    attention_conv: int = 0
     chunk_size: int = 64
     lolcats_window: int = 64
     window_sinks: int = 4
@@ -160,8 +163,9 @@ class ModelConfig:
             require(getattr(self, name) >= 1, f"ModelConfig.{name}", "must be >= 1", getattr(self, name))
         require(self.n_sink >= 0, "ModelConfig.n_sink", "must be >= 0", self.n_sink)
         require(self.window_sinks >= 0, "ModelConfig.window_sinks", "must be >= 0", self.window_sinks)
-        require(self.deltanet_conv >= 0, "ModelConfig.deltanet_conv", "must be >= 0 (0 = no short convolutions)",
-                self.deltanet_conv)
+        for name in ("deltanet_conv", "attention_conv"):
+            require(getattr(self, name) >= 0, f"ModelConfig.{name}", "must be >= 0 (0 = no short convolutions)",
+                    getattr(self, name))
         letters = {letter: kind.name for letter, kind in LAYERS.items()}
         require(len(self.pattern) >= 1 and set(self.pattern) <= set(LAYERS), "ModelConfig.pattern",
                 f"letters must be from {letters}", self.pattern)

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from swax_lightning.kernels import gated_delta_chunkwise, gated_delta_step
 from swax_lightning.kernels.deltanet.naive import zero_state
 from swax_lightning.kernels.util import fp32
-from swax_lightning.model.building_blocks import MultiHeadRMSNorm, ShortConv
+from swax_lightning.model.building_blocks import MultiHeadRMSNorm, ShortConv, short_convolved
 from swax_lightning.model.cache import RecurrentCache
 from swax_lightning.model.config import ModelConfig
 
@@ -67,16 +67,7 @@ class GatedDeltaNetLayer(nn.Module):
 
     def _qkv(self, x: torch.Tensor, cache: RecurrentCache | None, positions: torch.Tensor | None):
         """q, k, v projections, through the short convolutions when the config has them (state from the cache)."""
-        qkv = [self.q_proj(x), self.k_proj(x), self.v_proj(x)]
-        if self.convs is None:
-            return qkv
-        if positions is not None:  # padding enters the convolutions as zeros, as before a sequence's first token
-            qkv = [t.masked_fill((positions < 0)[..., None], 0.0) for t in qkv]
-        states = cache.conv if cache is not None else [None] * 3
-        out = [conv(t, state) for conv, t, state in zip(self.convs, qkv, states)]
-        if cache is not None:
-            cache.conv = [state for _, state in out]
-        return [y for y, _ in out]
+        return short_convolved(self.convs, [self.q_proj(x), self.k_proj(x), self.v_proj(x)], cache, positions)
 
     def forward(self, x: torch.Tensor, cache: RecurrentCache | None = None,
                 positions: torch.Tensor | None = None) -> torch.Tensor:

@@ -194,13 +194,16 @@ class SWAXModel(nn.Module):
         return [block.mixer.new_cache(batch, dtype, device) for block in self.blocks]
 
     def forward(self, idx: torch.Tensor, caches: list | None = None, positions: torch.Tensor | None = None,
-                targets: torch.Tensor | None = None, last_only: bool = False) -> torch.Tensor:
+                targets: torch.Tensor | None = None, last_only: bool = False,
+                logits_at: torch.Tensor | None = None) -> torch.Tensor:
         """idx [B, T] token ids -> logits [B, T, vocab] in fp32. Streaming: per-block caches (new_caches) and the
         tokens' absolute positions [B, T] (negative for left padding); the caches are updated in place.
         targets [B, T]: returns instead the mean next-token loss, computed by the chunked soft-capped cross-entropy
         (kernels/ce/chunked.py) so the [B, T, vocab] logits never exist; it runs here, inside the model's forward,
         so a sharded LM head is gathered for it. last_only: the logits of the last position only, [B, 1, vocab] (a
-        prefill chunk needs no others; the LM head is a fifth of a small model's work per token)."""
+        prefill chunk needs no others; the LM head is a fifth of a small model's work per token). logits_at [B, T] bool:
+        the logits of those positions only, [n, vocab] in row-major order (a scorer's: a multiple-choice item needs
+        its answer's few tokens, not the logits of its whole context; Gemma 3's head is 60% of its work per token)."""
         x = self.embed_tokens(idx)
         for i, block in enumerate(self.blocks):
             x = block(x, None if caches is None else caches[i], positions)
@@ -210,6 +213,8 @@ class SWAXModel(nn.Module):
                                                  targets.reshape(-1), self.cfg.logit_soft_cap)
         if last_only:
             x = x[:, -1:]
+        elif logits_at is not None:
+            x = x[logits_at]
         return soft_cap(fp32(self.lm_head(self.norm(x))), self.cfg.logit_soft_cap)
 
 

@@ -302,11 +302,16 @@ def train_students(cfg: ExperimentConfig, teacher_ckpt: Path, data, clock: Clock
         start = Clock.now()
         run_transfer(cfg, teacher, data, pending)
         clock.record(f"attention transfer ({', '.join(pending)})", start)  # a student added later: its own entry
-    for name, spec in cfg.students.items():
-        if not (student_folder(cfg, name) / "checkpoints" / LAST).is_file():
-            start = Clock.now()
-            run_lora(cfg, teacher, teacher_ckpt, data, name, spec)
-            clock.record(f"lora {name}", start)
+    lora_pending = {name: spec for name, spec in cfg.students.items()
+                    if not (student_folder(cfg, name) / "checkpoints" / LAST).is_file()}
+    if lora_pending:
+        inputs, targets = _held_out(cfg, data)
+        with torch.no_grad():  # once for all students: their held-out curves end against it
+            teacher_loss = float(teacher(inputs, targets=targets))
+    for name, spec in lora_pending.items():
+        start = Clock.now()
+        run_lora(cfg, teacher, teacher_ckpt, data, name, spec, teacher_loss)
+        clock.record(f"lora {name}", start)
     return {name: student_folder(cfg, name) / "checkpoints" / LAST for name in cfg.students}
 
 
@@ -387,7 +392,9 @@ def run_transfer(cfg: ExperimentConfig, teacher, data, specs: dict) -> None:
               f"{summary['held_out_relative_mse_after']:.3f} (mean over layers)", flush=True)
 
 
-def run_lora(cfg: ExperimentConfig, teacher, teacher_ckpt: Path, data, name: str, spec: StudentSpec) -> None:
+def run_lora(cfg: ExperimentConfig, teacher, teacher_ckpt: Path, data, name: str, spec: StudentSpec,
+             teacher_loss: float) -> None:
+    """Stage 2 for one student; teacher_loss: the teacher's loss on the held-out sequences (_held_out)."""
     folder = student_folder(cfg, name)
     model = retrofit.converted_model(teacher, spec.pattern, cfg.seed, **spec.arch)
     model.load_state_dict(load_as_data(folder / "transfer.pt", cfg.device), strict=False)
@@ -416,8 +423,6 @@ def run_lora(cfg: ExperimentConfig, teacher, teacher_ckpt: Path, data, name: str
         losses = []
         with torch.no_grad():
             measure(0, model.eval())
-    with torch.no_grad():
-        teacher_loss = float(teacher(inputs, targets=targets))
     for row in curve.rows("loss"):
         writer.add_scalar("lora/held_out_loss", row["loss"], row["tokens"])
     writer.close()

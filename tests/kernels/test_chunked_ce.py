@@ -1,6 +1,7 @@
 """Chunked soft-capped cross-entropy against the plain loss (full logits), forward and backward, with ignored targets
-and under bf16 autocast (its backward's matmuls in bf16), and the model's training loss through it equal to
-cross-entropy on the model's logits."""
+and under bf16 autocast (its backward's matmuls in bf16), the frozen head's road (dh in the forward, two matmuls per
+chunk, the same dh bit for bit), and the model's training loss through it equal to cross-entropy on the model's
+logits."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -29,6 +30,53 @@ def test_chunked_equals_plain_fwd_bwd(N, V, rows, cap):
     torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-12)
     for a, b in zip(torch.autograd.grad(2.5 * out, (h, w)), torch.autograd.grad(2.5 * ref, (h, w))):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("N,V,rows,cap", [(37, 11, 8, 30.0), (64, 300, 16, 0.0), (20, 50, 7, 2.0)])
+def test_frozen_head_equals_plain_fwd_bwd(N, V, rows, cap):
+    # The head frozen (LoRA, attention transfer): dh is computed in the forward and scaled by the upstream gradient.
+    g = torch.Generator().manual_seed(0)
+    h = (3 * torch.randn(N, 16, generator=g, dtype=torch.float64)).requires_grad_()
+    w = torch.randn(V, 16, generator=g, dtype=torch.float64)
+    t = torch.randint(0, V, (N,), generator=g)
+    t[::5] = -100
+    out = softcap_cross_entropy_chunked(h, w, t, cap, rows)
+    ref = softcap_cross_entropy_reference(h, w, t, cap)
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-12)
+    (got,), (want,) = torch.autograd.grad(2.5 * out, h), torch.autograd.grad(2.5 * ref, h)
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
+
+
+def test_frozen_head_gives_the_trainable_heads_dh_bit_for_bit():
+    # Runs trained before the frozen head's road (the retrofits' LoRA) are reproduced exactly by it.
+    g = torch.Generator().manual_seed(4)
+    h = torch.randn(45, 32, generator=g).requires_grad_()
+    w = 0.3 * torch.randn(70, 32, generator=g)
+    t = torch.randint(0, 70, (45,), generator=g)
+    frozen = softcap_cross_entropy_chunked(h, w, t, 30.0, 16)
+    (dh_frozen,) = torch.autograd.grad(frozen, h)
+    trainable = softcap_cross_entropy_chunked(h, w.clone().requires_grad_(), t, 30.0, 16)
+    (dh_trainable,) = torch.autograd.grad(trainable, h)
+    assert torch.equal(frozen, trainable) and torch.equal(dh_frozen, dh_trainable)
+
+
+@pytest.mark.parametrize("head,grad_enabled,forward_matmuls,backward_matmuls", [
+    ("trainable", True, 1, 3),   # logits; then recomputed logits, dh and dW
+    ("frozen", True, 2, 0),      # logits and dh, both in the forward
+    ("frozen", False, 1, 0),     # a loss only (evaluation under no_grad): no dh
+])
+def test_matmuls_per_chunk(head, grad_enabled, forward_matmuls, backward_matmuls):
+    g = torch.Generator().manual_seed(5)
+    h = torch.randn(50, 32, generator=g).requires_grad_()
+    w = torch.randn(70, 32, generator=g).requires_grad_(head == "trainable")
+    t = torch.randint(0, 70, (50,), generator=g)
+    with MatmulDtypes() as forward, torch.set_grad_enabled(grad_enabled):
+        out = softcap_cross_entropy_chunked(h, w, t, 30.0, 16)  # 4 chunks
+    assert len(forward.seen) == 4 * forward_matmuls
+    if grad_enabled:
+        with MatmulDtypes() as backward:
+            out.backward()
+        assert len(backward.seen) == 4 * backward_matmuls
 
 
 def test_bf16_inputs_match_the_plain_loss():
@@ -77,6 +125,20 @@ class MatmulDtypes(TorchDispatchMode):
         if func in self.MATMULS:
             self.seen.append({a.dtype for a in args if isinstance(a, torch.Tensor)})
         return func(*args, **(kwargs or {}))
+
+
+def test_bf16_autocast_frozen_head_runs_its_matmuls_in_bf16():
+    g = torch.Generator().manual_seed(6)
+    h = torch.randn(50, 32, generator=g).requires_grad_()
+    w = 0.3 * torch.randn(70, 32, generator=g)
+    t = torch.randint(0, 70, (50,), generator=g)
+    with MatmulDtypes() as forward, torch.autocast("cpu", dtype=torch.bfloat16):
+        out = softcap_cross_entropy_chunked(h, w, t, 30.0, 16)
+        ref = softcap_cross_entropy_reference(h, w, t, 30.0)
+    assert len(forward.seen) >= 2 * 4 and all(dtypes == {torch.bfloat16} for dtypes in forward.seen[:8])
+    (got,), (want,) = torch.autograd.grad(out, h), torch.autograd.grad(ref, h)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, atol=1e-3, rtol=2e-2)
 
 
 def test_bf16_autocast_runs_the_backward_matmuls_in_bf16():
