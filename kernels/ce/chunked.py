@@ -9,10 +9,10 @@ Backward: each chunk's logits are recomputed and
 (rows with an ignored target get dy = 0; N counts the others, as torch's cross_entropy with reduction "mean"), so
 peak memory is a few [rows, V] fp32 tensors instead of about three [N, V] ones, for one extra head matmul.
 
-A frozen head (the weight needs no gradient, h does: the LoRA stage of a retrofit) takes a
-shorter road: the forward computes dh for a unit upstream gradient in the same pass over the chunks (two head matmuls
-per chunk in all, against four: no recomputed logits, no dW) and keeps dh instead of h and W; the backward scales it.
-Timed against the trainable road by benchmarks/ce_frozen_head.py.
+A frozen head (the weight needs no gradient, h does: the LoRA stage of a retrofit) takes a shorter road: the forward
+computes dh for a unit upstream gradient in the same pass over the chunks (two head matmuls per chunk in all, against
+four: no recomputed logits, no dW) and keeps dh instead of h and W; the backward scales it. Timed against the
+trainable road by benchmarks/ce_frozen_head.py.
 
 Decisions:
 - Autocast: forward and backward run under the autocast state the forward was called in (torch.amp's custom_fwd /

@@ -22,7 +22,7 @@ Decisions:
 - attention_conv K > 0: short causal convolutions (depthwise, SiLU, as Gated DeltaNet's) on q, k and v before the
   norms and RoPE, so a key carries the K - 1 tokens before it and one layer can look a value up by the key written
   before it (an induction step that otherwise needs two layers). Off (0) by default: the paper's SWA has none; the
-  window study turns it on for every attention layer of every arm alike (docs/window-study.md). The convolutions'
+  window study's pilots tried it on every attention layer (docs/study/what_was_tried.md item 15). The convolutions'
   states ride in the cache, so streaming stays exact; a window of W keys then reads W + K - 1 tokens back.
 """
 from __future__ import annotations

@@ -201,9 +201,10 @@ class SWAXModel(nn.Module):
         targets [B, T]: returns instead the mean next-token loss, computed by the chunked soft-capped cross-entropy
         (kernels/ce/chunked.py) so the [B, T, vocab] logits never exist; it runs here, inside the model's forward,
         so a sharded LM head is gathered for it. last_only: the logits of the last position only, [B, 1, vocab] (a
-        prefill chunk needs no others; the LM head is a fifth of a small model's work per token). logits_at [B, T] bool:
-        the logits of those positions only, [n, vocab] in row-major order (a scorer's: a multiple-choice item needs
-        its answer's few tokens, not the logits of its whole context; Gemma 3's head is 60% of its work per token)."""
+        prefill chunk needs no others; the LM head is a fifth of a small model's work per token). logits_at [B, T]
+        bool: the logits of those positions only, [n, vocab] in row-major order (a scorer's: a multiple-choice item
+        needs its answer's few tokens, not the logits of its whole context; Gemma 3's head is about 60% of its work
+        per token)."""
         x = self.embed_tokens(idx)
         for i, block in enumerate(self.blocks):
             x = block(x, None if caches is None else caches[i], positions)
