@@ -1,7 +1,7 @@
 """Time of the chunked training loss, forward + backward, with the LM head trainable and frozen (kernels/ce/chunked.py):
 a frozen head computes dh in the forward (two head matmuls per chunk) where a trainable one recomputes the logits
-and adds dW (four). A frozen head went the trainable road before, so the first row is also what LoRA and attention
-transfer of a pretrained model paid per step until then.
+and adds dW (four). A frozen head went the trainable road before, so the first row is also what a retrofit's LoRA
+stage paid per step until then.
 
     python benchmarks/ce_frozen_head.py                          # Gemma 3 270M's head: V 262,144, d 640, 1,024 rows
     python benchmarks/ce_frozen_head.py --vocab 49152 --d 576    # SmolLM2-135M's

@@ -70,9 +70,8 @@ def _forward(ctx, h, weight, targets, cap, rows, ignore_index, frozen_head):
         total = total + torch.where(kept[chunk], loss, 0.0).sum()
         if frozen_head:
             dh[chunk] = _grad_logits(y, picked_targets[chunk], kept[chunk], unit_scale, cap, logits.dtype) @ weight
-    ctx.frozen_head = frozen_head
+    ctx.frozen_head, ctx.cap, ctx.rows = frozen_head, cap, rows  # cap and rows: the trainable road's backward
     ctx.save_for_backward(*((dh,) if frozen_head else (h, weight, picked_targets, kept)))
-    ctx.cap, ctx.rows = cap, rows
     return total / kept.sum()
 
 

@@ -34,7 +34,7 @@ def test_chunked_equals_plain_fwd_bwd(N, V, rows, cap):
 
 @pytest.mark.parametrize("N,V,rows,cap", [(37, 11, 8, 30.0), (64, 300, 16, 0.0), (20, 50, 7, 2.0)])
 def test_frozen_head_equals_plain_fwd_bwd(N, V, rows, cap):
-    # The head frozen (LoRA, attention transfer): dh is computed in the forward and scaled by the upstream gradient.
+    # The head frozen (a retrofit's LoRA stage): dh is computed in the forward and scaled by the upstream gradient.
     g = torch.Generator().manual_seed(0)
     h = (3 * torch.randn(N, 16, generator=g, dtype=torch.float64)).requires_grad_()
     w = torch.randn(V, 16, generator=g, dtype=torch.float64)
