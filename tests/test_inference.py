@@ -2,6 +2,8 @@
 import pytest
 import torch
 
+from swax_lightning.model import cache
+from swax_lightning.model.cache import _attend as attend
 from swax_lightning.model.config import ModelConfig
 from swax_lightning.model.inference import generate, left_pad, prefill, sample
 from swax_lightning.model.model import SWAXModel
@@ -33,6 +35,25 @@ def test_chunked_prefill_and_decode_equal_full_forward(pattern, n_sink, chunk_le
         full = model(idx)
     # chunk_len 1 is token-by-token decoding: every token through the recurrent step / the ring cache.
     torch.testing.assert_close(_streamed_logits(model, idx, chunk_len), full, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("pattern,n_sink", [("S", 0), ("S", 2), ("A", 0), ("SX", 3)])
+def test_long_chunks_attend_in_blocks_and_equal_the_full_forward(pattern, n_sink, monkeypatch):
+    # A chunk longer than the block goes through the caches' block loop (shrunk here to 4 queries; at least the
+    # window, 5, for a sliding cache): every attention call sees at most a block of queries, and the logits, left
+    # padding included, are the full forward's.
+    monkeypatch.setattr(cache, "BLOCK", 4)
+    calls = []
+    monkeypatch.setattr(cache, "_attend", lambda q, *args: calls.append(q.shape[1]) or attend(q, *args))
+    model = _model(pattern, n_sink=n_sink)
+    idx = torch.randint(0, 50, (2, 41), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(idx)
+    torch.testing.assert_close(_streamed_logits(model, idx, 16), full, atol=1e-4, rtol=1e-4)
+    assert max(calls) == (5 if "S" in pattern else 4) and len(calls) > 41 // 4
+    prompts = [idx[0, :n].tolist() for n in (7, 30)]
+    assert generate(model, prompts, max_new_tokens=6, chunk_len=32) == \
+        [generate(model, [p], max_new_tokens=6, chunk_len=1)[0] for p in prompts]
 
 
 def test_parity_is_tight_in_fp64():
