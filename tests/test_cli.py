@@ -151,6 +151,7 @@ def test_bad_value_is_one_line_naming_the_field(tmp_path):
     (["--optimizer", "AdamW"], "unrecognized arguments: --optimizer"),  # LightningCLI's dead optimizer group
     (["--config", "no_such.yaml"], "config file not found: no_such.yaml"),
     (["--seed_everything", "-1"], "seed_everything must be in [0, 2**32) (got -1)"),
+    (["--eval.batch_size", "0"], "EvalSuite.batch_size must be >= 1 (got 0)"),
     (["--config", "data: {seq_len: 0}"], "TextDataModule.seq_len must be >= 1 (got 0) [data.seq_len set in a --config"),
 ])
 def test_configuration_errors(tmp_path, capsys, args, expected):

@@ -52,8 +52,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tqdm import tqdm
-
 from swax_lightning.core.errors import ConfigError, require, require_among
 from swax_lightning.evals.essay import generated_essay, prose_sentences
 from swax_lightning.evals.registry import Evaluation, register
@@ -500,10 +498,11 @@ class BabiLong(Evaluation):
         for task in self.settings.tasks:
             for length in self.settings.lengths:
                 column, items = self.items(generator, task, length)
-                for item in tqdm(items, desc=f"BABILong {task} {column}", leave=False):
-                    prediction = self.context.generate(
-                        model, data.tokenizer, item.input_text, generator.answer_tokens(task), self.name, column,
-                        done=lambda text: answer_complete(text, self.settings.answer_chars))
+                predictions = self.context.generate(
+                    model, data.tokenizer, [item.input_text for item in items], generator.answer_tokens(task),
+                    self.name, column, done=lambda text: answer_complete(text, self.settings.answer_chars),
+                    desc=f"BABILong {task} {column}", total=len(items))
+                for item, prediction in zip(items, predictions):
                     score = 100.0 * babilong_score(prediction, item.target, item.question, task)
                     scores[(task, column, None)].append(score)
                     record = {"eval": "babilong", "task": task, "length": column, "index": item.index,

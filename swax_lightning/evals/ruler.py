@@ -35,10 +35,8 @@ from __future__ import annotations
 import random
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-
-from tqdm import tqdm
 
 from swax_lightning.core.errors import ConfigError, require, require_among
 from swax_lightning.evals.essay import generated_essay, prose_sentences
@@ -281,16 +279,18 @@ class NIAH(Evaluation):
 
     def run(self, model, data, samples: list) -> dict:
         generator, scores = self.generator(data.tokenizer), defaultdict(list)
-        for task, length, i, depth in tqdm(self.jobs(), desc="RULER NIAH"):
-            sample = generator.sample(task, length, depth, i)
-            prediction = self.context.generate(model, data.tokenizer, sample.input_text, self.settings.max_new_tokens,
-                                               self.name, length)
-            score = string_match_all(prediction, sample.references)
-            scores[(task, length, depth)].append(score)
-            samples.append({"eval": "niah", "task": task, "length": length, "depth": depth, "index": i,
-                            "tokens": sample.n_tokens, "question": sample.question,
-                            "references": sample.references, "prediction": prediction, "score": score,
-                            "regenerate": f"niah {task} {length} {depth} {i}"})
+        for length in self.settings.lengths:  # a batch's prompts share a length: little padding
+            jobs, drawn = [job for job in self.jobs() if job[1] == length], []
+            predictions = self.context.generate(model, data.tokenizer, prompts(generator, jobs, drawn),
+                                                self.settings.max_new_tokens, self.name, length,
+                                                desc=f"RULER NIAH {length}", total=len(jobs))
+            for (task, _, i, depth), sample, prediction in zip(jobs, drawn, predictions):
+                score = string_match_all(prediction, sample.references)
+                scores[(task, length, depth)].append(score)
+                samples.append({"eval": "niah", "task": task, "length": length, "depth": depth, "index": i,
+                                "tokens": sample.n_tokens, "question": sample.question,
+                                "references": sample.references, "prediction": prediction, "score": score,
+                                "regenerate": f"niah {task} {length} {depth} {i}"})
         return {**summarize(scores), "interval": INTERVAL_NOTE}
 
     @classmethod
@@ -305,6 +305,15 @@ class NIAH(Evaluation):
     def figures(cls, section: dict) -> dict:
         return {"niah_heatmap" + (f"_{task}" if task else ""): heatmap_figure(section, task)
                 for task in (None, *section["depth_x_length_by_task"])}
+
+
+def prompts(generator: NIAHGenerator, jobs: list, drawn: list):
+    """The prompts of `jobs` (task, length, index, depth), drawn as a batch needs them (131k-token prompts are not all
+    held at once); each sample goes to `drawn` without its prompt, for scoring."""
+    for task, length, i, depth in jobs:
+        sample = generator.sample(task, length, depth, i)
+        drawn.append(replace(sample, input_text=""))
+        yield sample.input_text
 
 
 def heatmap_figure(niah: dict, task: str | None = None):

@@ -11,6 +11,7 @@ nothing): one sub-section per evaluation to run, named as the evaluation's file 
       mqar: {gaps: [0, 64, 512], samples: 64}                              # mqar.py
       lm_eval: {tasks: [arc_easy, hellaswag], include_path: ...}           # harness.py
       chunk_len: 4096                                                      # and the settings every one shares
+      batch_size: 8
 
 After Lightning's test loop (held-out loss, perplexity, bits per byte), rank 0 runs them in that order (on an
 unsharded copy of a model trained with FSDP2, gathered from all ranks; see parallel.py), all through the streaming
@@ -37,10 +38,12 @@ an evaluation added in its own file needs no line here.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from itertools import islice
 from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
+from tqdm import tqdm
 
 from swax_lightning.core.errors import ConfigError
 from swax_lightning.evals.babilong import ANSWER_CHARS
@@ -71,15 +74,19 @@ class EvalSuite(Callback):
         window_includes_sinks: `window` counts every key a query sees, the n_sink sinks among them; false (the
             framework's convention): `window` recent keys, current token included, plus the sinks. Recorded in
             results.json with the recent-key window it gives.
-        chunk_len: Prefill chunk length.
+        chunk_len: Prefill tokens per model call: a batch of B prompts is prefilled chunk_len // B tokens of each
+            at a time, so a call's activations do not grow with the batch.
+        batch_size: Prompts of one evaluation and length generated together, left-padded to the longest (each
+            continuation equals its own alone): a decode step reads the weights once for all of them, and a
+            full-attention cache holds batch_size contexts at once.
         essay_file: Text file for the essay haystack and the BABILong filler (empty = generated prose, essay.py).
         output_dir: Where the reports go (empty = <run>/eval/).
         seed: Seed of every generated sample.
     """
 
     def __init__(self, window: int | None = None, n_sink: int | None = None, convert_full_attention: bool = False,
-                 window_includes_sinks: bool = False, chunk_len: int = 2048, essay_file: str | None = None,
-                 output_dir: str | None = None, seed: int = 0, **sections):
+                 window_includes_sinks: bool = False, chunk_len: int = 2048, batch_size: int = 1,
+                 essay_file: str | None = None, output_dir: str | None = None, seed: int = 0, **sections):
         unknown = sorted(set(sections) - set(EVALUATIONS))
         if unknown:
             raise ConfigError(f"eval.{unknown[0]}: no such evaluation (known: {', '.join(EVALUATIONS)})")
@@ -87,8 +94,11 @@ class EvalSuite(Callback):
             raise FileNotFoundError(f"EvalSuite.essay_file not found: {essay_file}")
         if window_includes_sinks and window is None:
             raise ConfigError("EvalSuite.window_includes_sinks needs EvalSuite.window")
+        if batch_size < 1:
+            raise ConfigError(f"EvalSuite.batch_size must be >= 1 (got {batch_size})")
         self.window, self.n_sink, self.convert_full_attention = window, n_sink, convert_full_attention
         self.window_includes_sinks, self.chunk_len, self.seed = window_includes_sinks, chunk_len, seed
+        self.batch_size = batch_size
         self.essay_file, self.output_dir = essay_file, output_dir
         self.essay = Path(essay_file).read_text() if essay_file else None
         self.evaluations = [EVALUATIONS[name](settings, self) for name in EVALUATIONS
@@ -149,8 +159,9 @@ class EvalSuite(Callback):
         """Every configured evaluation of `model` (put in eval mode, with this suite's window and sink overrides
         applied to it) on `data` (a TextDataModule: its tokenizer, its validation shards for the loss by position):
         the results dict the reports are written from. announce: print the cost estimate first.
-        on_generation(eval, length, stats): called after every generated answer with generate's stats (its prefill
-        and decode seconds, the bytes its caches held); timings stay out of the results, which are deterministic."""
+        on_generation(eval, length, stats): called after every batch of generated answers with generate's stats (the
+        batch's size, its prefill and decode seconds, the bytes its caches held); timings stay out of the results,
+        which are deterministic."""
         model.eval()
         override_attention(model, self.window, self.n_sink, self.convert_full_attention, self.window_includes_sinks)
         if announce:
@@ -176,17 +187,25 @@ class EvalSuite(Callback):
                 "haystack": "essay_file" if self.essay_file else "generated prose (swax_lightning/evals/essay.py)",
                 "regenerate": regenerate}
 
-    def generate(self, model, tokenizer, text: str, max_new_tokens: int, evaluation: str, length,
-                 done: Callable[[str], bool] | None = None) -> str:
-        """The greedy continuation of `text` (streaming, chunked prefill), reported to on_generation; done(text so
-        far), if given, ends it early (e.g. once the answer is complete)."""
-        stats = {} if self._on_generation else None
+    def generate(self, model, tokenizer, texts: Iterable[str], max_new_tokens: int, evaluation: str, length,
+                 done: Callable[[str], bool] | None = None, desc: str | None = None,
+                 total: int | None = None) -> list[str]:
+        """The greedy continuations of `texts` (streaming, chunked prefill), batch_size at a time (texts are read
+        lazily, a batch at a time: 131k-token prompts are not all held at once), each batch reported to
+        on_generation; done(text so far), if given, ends a continuation early (e.g. once the answer is complete).
+        desc and total: the progress bar's label and length (no bar without desc)."""
         should_stop = (lambda b, tokens: done(tokenizer.decode(tokens))) if done else None
-        prediction = continue_texts(model, tokenizer, [text], max_new_tokens, chunk_len=self.chunk_len, stats=stats,
-                                    should_stop=should_stop)[0]
-        if self._on_generation:
-            self._on_generation(evaluation, length, stats)
-        return prediction
+        predictions, texts = [], iter(texts)
+        with tqdm(total=total, desc=desc, leave=False, disable=desc is None) as progress:
+            while batch := list(islice(texts, self.batch_size)):
+                stats = {} if self._on_generation else None
+                predictions += continue_texts(model, tokenizer, batch, max_new_tokens,
+                                              chunk_len=max(1, self.chunk_len // len(batch)), stats=stats,
+                                              should_stop=should_stop)
+                if self._on_generation:
+                    self._on_generation(evaluation, length, stats)
+                progress.update(len(batch))
+        return predictions
 
     def _output_dir(self, trainer) -> Path:
         if self.output_dir:

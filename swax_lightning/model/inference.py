@@ -135,17 +135,20 @@ def generate(model: SWAXModel, prompts: Sequence[Sequence[int]], max_new_tokens:
         logits = model(token[:, None], caches, next_pos)[:, -1]
         next_pos, steps = next_pos + 1, steps + 1
     if stats is not None:
-        stats.update(decode_stats(caches, idx.shape[1], prefilled - started, time.perf_counter() - prefilled, steps))
+        stats.update(decode_stats(caches, idx.shape, prefilled - started, time.perf_counter() - prefilled, steps))
     return outputs
 
 
-def decode_stats(caches: list, prompt_tokens: int, prefill_seconds: float, decode_seconds: float,
+def decode_stats(caches: list, shape: torch.Size, prefill_seconds: float, decode_seconds: float,
                  decode_steps: int) -> dict:
-    """What one generate call cost: prompt tokens, the seconds of its prefill and of its decode steps (one model call
-    per generated token after the first), and the bytes its inference state holds at the end (caches' nbytes: the
-    window ring and sinks, the recurrent states, or a full-attention cache that grew with the context)."""
-    return {"prompt_tokens": prompt_tokens, "prefill_seconds": prefill_seconds, "decode_seconds": decode_seconds,
-            "decode_steps": decode_steps, "cache_bytes": sum(cache.nbytes() for cache in caches)}
+    """What one generate call of a batch of prompts left-padded to `shape` [batch, prompt tokens] cost: the seconds
+    of its prefill and of its decode steps (one model call per generated token after the first, for the whole
+    batch), and the bytes its inference state holds at the end (caches' nbytes, all sequences: the window ring and
+    sinks, the recurrent states, or a full-attention cache that grew with the context)."""
+    batch, prompt_tokens = shape
+    return {"batch": batch, "prompt_tokens": prompt_tokens, "prefill_seconds": prefill_seconds,
+            "decode_seconds": decode_seconds, "decode_steps": decode_steps,
+            "cache_bytes": sum(cache.nbytes() for cache in caches)}
 
 
 def continue_texts(model: SWAXModel, tokenizer, texts: Sequence[str], max_new_tokens: int = 128,

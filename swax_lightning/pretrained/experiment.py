@@ -15,8 +15,8 @@ evaluated under other `evaluate` settings is evaluated again):
    prompts): full attention; SWA(w, s) for every window w and sink count s (training-free, the full-attention layers
    converted with the window convention `window_includes_sinks`); each retrofit. Per variant, in
    <out>/variants/<name>/: the suite's reports (results.json with every sample, results.md, NIAH heatmaps) and
-   variant.json (time taken, and from every generated answer its prefill and decode speed and the bytes its
-   inference state held); TensorBoard scalars in <out>/tensorboard/<variant> (and the training curves in
+   variant.json (time taken, and from every batch of generated answers its prefill and decode speed and the bytes
+   its inference state held); TensorBoard scalars in <out>/tensorboard/<variant> (and the training curves in
    <out>/tensorboard/<student>);
 5. the report: <out>/report.md (the tables, the budgets, the ratios of SWA with sinks to the best retrofit), plots
    (NIAH and BABILong by length, loss by position, multiple choice, decode memory and speed) and summary.json.
@@ -26,10 +26,11 @@ Decisions:
   loss by position on the held-out split, and the generated multiple-choice tasks (evals/choice.py) through the
   lm-eval adapter; every cell with n and a 95% interval. NIAH and BABILong "all lengths" cells pool every sample of
   a variant, which is what the ratios compare.
-- Decode memory and speed come from the evaluation's own generations (generate's stats): the bytes of the inference
-  state after the prompt and the answer, and generated tokens per second after the prefill, at each prompt length;
-  the table gives them at the longest NIAH length. Timings are this machine's at the time (kept out of the suite's
-  deterministic results.json).
+- Decode memory and speed come from the evaluation's own generations (generate's stats, batches of the suite's
+  batch_size): the bytes of one sequence's inference state after the prompt and the answer, and the tokens per
+  second each sequence gets after the prefill, at each prompt length; the table gives them at the longest NIAH
+  length with the batch they were measured at (a step of a batch reads the weights once for all its sequences).
+  Timings are this machine's at the time (kept out of the suite's deterministic results.json).
 - A config file may `extends:` another (a larger budget overrides a few fields); an unknown field or a value out of
   range is one line naming it (exit code 2).
 """
@@ -509,19 +510,22 @@ def check_variants(cfg: ExperimentConfig, teacher_ckpt: Path, data) -> None:
 
 
 def decode_summary(generations: list[dict]) -> dict:
-    """Per (evaluation, prompt length): prompts, prefill tokens/s, decode tokens/s (generated tokens after the first
-    over their seconds) and the largest inference-state bytes seen."""
+    """Per (evaluation, prompt length), from generate's stats of each batch: prompts, the largest batch, prefill
+    tokens/s (the padded prompts of a batch over its prefill's seconds), decode tokens/s of one sequence (decode steps
+    over their seconds: each step gives every sequence of the batch a token) and the largest inference-state bytes
+    per sequence."""
     groups: dict = {}
     for g in generations:
         groups.setdefault(f"{g['eval']}/{g['length']}", []).append(g)
     out = {}
     for key, rows in groups.items():
         steps, seconds = sum(r["decode_steps"] for r in rows), sum(r["decode_seconds"] for r in rows)
-        out[key] = {"prompts": len(rows), "prompt_tokens": max(r["prompt_tokens"] for r in rows),
-                    "prefill_tokens_per_s": sum(r["prompt_tokens"] for r in rows)
+        out[key] = {"prompts": sum(r["batch"] for r in rows), "batch": max(r["batch"] for r in rows),
+                    "prompt_tokens": max(r["prompt_tokens"] for r in rows),
+                    "prefill_tokens_per_s": sum(r["batch"] * r["prompt_tokens"] for r in rows)
                     / max(sum(r["prefill_seconds"] for r in rows), 1e-9),
                     "decode_tokens_per_s": steps / seconds if seconds else None,
-                    "cache_bytes": max(r["cache_bytes"] for r in rows)}
+                    "cache_bytes": max(r["cache_bytes"] / r["batch"] for r in rows)}
     return out
 
 

@@ -18,8 +18,9 @@ Decisions:
 - Convergence is read off the held-out curves the stages measure at 0, 1, 2, 4, ... steps: a stage has converged
   when the last doubling of its tokens improved its held-out measure (the layers' mean relative MSE; the LoRA loss)
   by less than 2% (FLAT); otherwise the report says it did not, and by how much the last doubling still improved it.
-- Memory and speed are read at the longest NIAH prompt (the largest context every variant ran): the inference
-  state's bytes, and the generated tokens per second after the prefill.
+- Memory and speed are read at the longest NIAH prompt (the largest context every variant ran): one sequence's
+  inference-state bytes, and the tokens per second each sequence got after the prefill, in batches of the size
+  the table names (every variant the same).
 """
 from __future__ import annotations
 
@@ -258,12 +259,14 @@ def short_context_table(variants: dict) -> list[str]:
         cells, decode = choice_cells(v["results"]), longest_niah(v["variant"])
         cost = ["-"] * 3 if decode is None else [
             f"{decode['cache_bytes'] / 2**20:.1f} MiB ({decode['prompt_tokens']:,} tokens)",
-            "-" if decode["decode_tokens_per_s"] is None else f"{decode['decode_tokens_per_s']:.1f}",
+            "-" if decode["decode_tokens_per_s"] is None
+            else f"{decode['decode_tokens_per_s']:.1f} (batch {decode.get('batch', 1)})",
             f"{decode['prefill_tokens_per_s']:.0f}"]
         rows.append([name, *[show(cells.get(t)) for t in tasks], show(cells.get("mean")), *cost])
     return ["## Short context, memory and speed\n", "Generated multiple choice (evals/choice.py; 4 choices, chance "
-            "25%): accuracy % by log-likelihood through the lm-eval adapter. State: the bytes of the inference "
-            "caches after the longest NIAH prompt and its answer; speeds: this machine's, during the evaluation.\n",
+            "25%): accuracy % by log-likelihood through the lm-eval adapter. State: the bytes of one sequence's "
+            "inference caches after the longest NIAH prompt and its answer; speeds: this machine's, during the "
+            "evaluation, per sequence of a batch decoded together.\n",
             *_table(header, rows), ""]
 
 
@@ -427,7 +430,7 @@ def _bars(variants: dict, folder: Path, plt) -> None:
     axes[1].bar(names, [d.get("cache_bytes", 0) / 2**20 for d in decode], color="C1")
     axes[1].set(title="Inference state at the longest NIAH prompt", ylabel="MiB")
     axes[2].bar(names, [d.get("decode_tokens_per_s") or 0 for d in decode], color="C2")
-    axes[2].set(title="Decode speed there (this machine)", ylabel="tokens/s")
+    axes[2].set(title="Decode speed there, per sequence of a batch (this machine)", ylabel="tokens/s")
     for ax in axes:
         ax.tick_params(axis="x", rotation=60, labelsize=7)
     fig.tight_layout()

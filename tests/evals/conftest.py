@@ -29,11 +29,11 @@ def answering(monkeypatch):
     def install(answer):
         def continue_texts(model, tokenizer, texts, max_new_tokens, should_stop=None, **decoding):
             outputs = []
-            for text in texts:
+            for b, text in enumerate(texts):
                 out = []
                 for token in tokenizer.encode(answer(text))[:max_new_tokens]:
                     out.append(token)
-                    if should_stop is not None and should_stop(0, out):
+                    if should_stop is not None and should_stop(b, out):
                         break
                 outputs.append(tokenizer.decode(out))
             return outputs

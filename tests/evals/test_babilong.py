@@ -337,9 +337,10 @@ def test_the_answer_budget_in_tokens_follows_the_tokenizer(bpe_tokenizer):
     assert bpe.sample("qa1", 1024).n_tokens <= 1024 - bpe.answer_tokens("qa1")
 
 
-def test_the_suites_generation_ends_when_the_answer_is_complete():
-    """The real path (EvalSuite.generate -> continue_texts -> generate): done(text so far) ends the generation, as
-    BABILong's first-sentence rule uses it; without it the budget runs out."""
+def test_the_suites_generation_ends_when_the_answer_is_complete_and_batches_change_no_answer():
+    """The real path (EvalSuite.generate -> continue_texts -> generate): done(text so far) ends each generation, as
+    BABILong's first-sentence rule uses it; without it the budget runs out. Prompts of different lengths decoded
+    batch_size at a time (left-padded) get the answers they get one by one, and on_generation hears each batch."""
     import torch
 
     from swax_lightning.evals.suite import EvalSuite
@@ -348,7 +349,10 @@ def test_the_suites_generation_ends_when_the_answer_is_complete():
 
     torch.manual_seed(0)
     model = SWAXModel(ModelConfig(d_model=32, n_layers=2, n_heads=2, mlstm_heads=2, window=8)).eval()
-    suite = EvalSuite()
-    whole = suite.generate(model, TOK, "Where is Mary?", 12, "babilong", 0)
-    cut = suite.generate(model, TOK, "Where is Mary?", 12, "babilong", 0, done=lambda text: len(text) >= 3)
-    assert whole.startswith(cut) and 3 <= len(cut) < len(whole)  # the same greedy tokens, ended early
+    prompts = ["Where is Mary?", "Where was the apple before the kitchen?", "Who?"]
+    whole = EvalSuite().generate(model, TOK, prompts, 12, "babilong", 0)
+    batched, heard = EvalSuite(batch_size=2), []
+    batched._on_generation = lambda evaluation, length, stats: heard.append(stats["batch"])
+    assert batched.generate(model, TOK, iter(prompts), 12, "babilong", 0) == whole and heard == [2, 1]
+    cut = batched.generate(model, TOK, prompts, 12, "babilong", 0, done=lambda text: len(text) >= 3)
+    assert all(w.startswith(c) and 3 <= len(c) < len(w) for w, c in zip(whole, cut))  # the same tokens, ended early
