@@ -606,3 +606,24 @@ def test_the_paper_ratio_has_a_paired_bootstrap_interval():
     # Twice as many hits on 40 prompts each: an interval that excludes 1; one hit in 40: unbounded above.
     assert ratio_interval(np.array([100.0] * 20 + [0.0] * 20), np.array([100.0] * 10 + [0.0] * 30))[0] > 1
     assert ratio_interval(np.array(hits), np.array([100.0] + [0.0] * 39))[1] is None
+
+
+@pytest.mark.parametrize("pattern,n_sink", [("A", 0), ("S", 4)])
+def test_the_decode_summary_of_a_batch_is_per_sequence(pattern, n_sink):
+    # The report's state bytes and decode speed come from generate's stats of whole batches: three prompts of one
+    # length decoded together must read as one prompt's state (the window's ring or the full cache), all three
+    # counted as prompts, every padded prompt token counted in the prefill speed.
+    from swax_lightning.model.inference import generate
+    from swax_lightning.pretrained.experiment import decode_summary
+
+    torch.manual_seed(0)
+    model = SWAXModel(ModelConfig(vocab_size=50, d_model=32, n_layers=2, pattern=pattern, n_heads=4, window=5,
+                                  n_sink=n_sink)).eval()
+    prompts = torch.randint(0, 50, (3, 23), generator=torch.Generator().manual_seed(1)).tolist()
+    alone, together = {}, {}
+    generate(model, prompts[:1], max_new_tokens=4, stats=alone)
+    generate(model, prompts, max_new_tokens=4, stats=together)
+    summary = decode_summary([{"eval": "niah", "length": 23, **together}])["niah/23"]
+    assert summary["cache_bytes"] == alone["cache_bytes"] and summary["prompts"] == 3 and summary["batch"] == 3
+    assert summary["prefill_tokens_per_s"] == pytest.approx(3 * 23 / together["prefill_seconds"])
+    assert summary["decode_tokens_per_s"] == pytest.approx(together["decode_steps"] / together["decode_seconds"])
