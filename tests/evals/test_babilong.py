@@ -340,7 +340,8 @@ def test_the_answer_budget_in_tokens_follows_the_tokenizer(bpe_tokenizer):
 def test_the_suites_generation_ends_when_the_answer_is_complete_and_batches_change_no_answer():
     """The real path (EvalSuite.generate -> continue_texts -> generate): done(text so far) ends each generation, as
     BABILong's first-sentence rule uses it; without it the budget runs out. Prompts of different lengths decoded
-    batch_size at a time (left-padded) get the answers they get one by one, and on_generation hears each batch."""
+    batch_size at a time (left-padded, prefilled chunk_len // batch tokens of each per call) get the answers they get
+    one by one, and on_generation hears each batch."""
     import torch
 
     from swax_lightning.evals.suite import EvalSuite
@@ -351,7 +352,7 @@ def test_the_suites_generation_ends_when_the_answer_is_complete_and_batches_chan
     model = SWAXModel(ModelConfig(d_model=32, n_layers=2, n_heads=2, mlstm_heads=2, window=8)).eval()
     prompts = ["Where is Mary?", "Where was the apple before the kitchen?", "Who?"]
     whole = EvalSuite().generate(model, TOK, prompts, 12, "babilong", 0)
-    batched, heard = EvalSuite(batch_size=2), []
+    batched, heard = EvalSuite(batch_size=2, chunk_len=5), []  # a batch of 2 prefills 2 tokens of each per call
     batched._on_generation = lambda evaluation, length, stats: heard.append(stats["batch"])
     assert batched.generate(model, TOK, iter(prompts), 12, "babilong", 0) == whole and heard == [2, 1]
     cut = batched.generate(model, TOK, prompts, 12, "babilong", 0, done=lambda text: len(text) >= 3)
