@@ -296,12 +296,13 @@ def official_answer(task: str, question: str, target: str) -> str:
 
 
 def suite_babilong(tokenizer) -> tuple[dict, list]:
-    """The suite's own BABILong run: its samples, answer budgets, stopping rule and scoring."""
+    """The suite's own BABILong run: its samples, answer budgets, stopping rule, scoring and batching."""
     from types import SimpleNamespace
 
     from swax_lightning.evals.suite import EvalSuite
 
-    suite, samples = EvalSuite(babilong=dict(tasks=list(babilong.TASKS), lengths=[0, 6000], samples=4)), []
+    suite = EvalSuite(babilong=dict(tasks=list(babilong.TASKS), lengths=[0, 6000], samples=4), batch_size=3)
+    samples = []  # batches of 3 of 4 stories: a full one and a short one per task and length
     return suite.evaluation("babilong").run(None, SimpleNamespace(tokenizer=tokenizer), samples), samples
 
 
