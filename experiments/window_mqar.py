@@ -4,24 +4,29 @@ remember, where a long window lets attention do the work and fail beyond it?
     python -m experiments.window_mqar                              # arms short (W 2), long (W 64), stochastic p 0.5
     python -m experiments.window_mqar --arms long --steps 500 --seed 1   # one arm, fewer steps, another seed
     python -m experiments.window_mqar --arms short --key_tokens 3 --short_window 4   # keys of 3 tokens, W 4 holds one
+    python -m experiments.window_mqar --arms attention --d_model 64 --lr 1e-3      # full attention's lookup alone
 
 Every sequence: P key-value pairs (single tokens: keys from one range of ids, values from another), a gap of filler
 tokens (a third range), then the P keys again in a new order, each followed by its value. The loss and accuracy are
 on the values after the queries. A value's key is the token before it, so an SWA layer with W = 2 hands each value its
 key; whether the lookup at a query is done by attention (it sees the pair when it is inside the window) or by the
-mLSTM (its state holds every pair) is what the window decides. Training gaps are 0..16 tokens, so every pair is
-inside the long window (64) during training; the evaluation gaps go to 512, beyond it. --key_tokens K spells the keys
-in K tokens of a small alphabet, so that only the whole key names a value; --short_window sets the short window.
+mLSTM (its state holds every pair) is what the window decides. Training gaps are 0..--train_gap tokens (default 16,
+so every pair is inside the long window, 64, during training; --short_gap_steps N draws them in 0..16 for the first N
+steps, a curriculum); the evaluation gaps go to 512, beyond it.
+--key_tokens K spells the keys in K tokens of a small alphabet, so that only the whole key names a value;
+--short_window sets the short window.
 
-Arms (an S X model, one SWA block then one mLSTM block, d_model 128, 4 heads, 2 mLSTM heads): `short` trains and
-evaluates at W = 2, `long` at W = 64, `stochastic` trains at 2 with probability 0.5, else 64, the last 10% at 64
-(swax_lightning/training/window.py's schedule), and evaluates at 64. Printed as JSON lines: training loss every --every
-steps, then accuracy per evaluation gap.
+Arms (an S X model, one SWA block then one mLSTM block, --repeats times, 4 heads, 2 mLSTM heads): `short` trains
+and evaluates at W = 2, `long` at W = 64, `stochastic` trains at 2 with probability 0.5, else 64, the last 10% at 64
+(swax_lightning/training/window.py's schedule), and evaluates at 64; `attention` is the full-attention control (A A,
+--repeats times: no window, no mLSTM; two blocks are the fewest that can look a key up). Printed as JSON lines:
+training loss and accuracy every --every steps, then accuracy per evaluation gap.
 
-Decisions: weights start at std 1/sqrt(d_model) = 0.088 (at the model's default 0.02, meant for widths in the
-thousands, the short arm stayed at chance for 2,000 steps) and mLSTM input gates open (bias 0 instead of xLSTM-7B's
--10; README, window study); AdamW lr 3e-3, 30 warm-up steps, no weight decay, batch 64; every arm sees the same
-sequences (a generator seeded per step; evaluation seeds are disjoint from training's).
+Decisions: width --d_model (default 128), weights at std 1/sqrt(d_model) (at the model's default 0.02, meant for
+widths in the thousands, the short arm stayed at chance for 2,000 steps) and mLSTM input gates open (bias 0 instead
+of xLSTM-7B's -10; docs/study/what_was_tried.md items 5-6); AdamW, 30 warm-up steps, no weight decay, batch 64, lr 3e-3
+by default (the memory's pilots; full attention's lookup forms at 1e-3 and not at 3e-3: item 17); every arm sees the
+same sequences (a generator seeded per step; evaluation seeds are disjoint from training's).
 """
 from __future__ import annotations
 
@@ -39,6 +44,7 @@ from swax_lightning.training.window import StochasticWindow
 
 KEYS, VALUES, FILLER = (0, 64), (64, 128), (128, 192)
 EVAL_SEED = 1 << 20
+SHORT_GAP = 16
 
 
 def batch(seed: int, size: int, pairs: int, gap: tuple[int, int],
@@ -81,22 +87,38 @@ def recall(model: SWAXModel, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch
     return loss, (logits[mask].argmax(-1) == target[mask]).float().mean()
 
 
+def arm_model(name: str, args: argparse.Namespace) -> SWAXModel:
+    """The arm's model: S X (or A A for `attention`) --repeats times, at width --d_model, seeded by --seed."""
+    pattern = "AA" if name == "attention" else "SX"
+    init_std = args.init_std if args.init_std is not None else args.d_model ** -0.5
+    model = SWAXModel(ModelConfig(vocab_size=257, d_model=args.d_model, n_layers=2 * args.repeats, pattern=pattern,
+                                  n_heads=4, window=64, mlstm_heads=2, chunk_size=16, igate_bias_init=0.0,
+                                  init_std=init_std))
+    model.reset_parameters(seed=args.seed)
+    return model
+
+
+def training_gaps(step: int, args: argparse.Namespace) -> tuple[int, int]:
+    """The range the gaps of training step `step` are drawn from: 0..SHORT_GAP during the first --short_gap_steps
+    (the curriculum), then 0..--train_gap."""
+    return (0, SHORT_GAP if step < args.short_gap_steps else args.train_gap)
+
+
 def run(name: str, args: argparse.Namespace) -> None:
     short = args.short_window
     windows = {"short": StochasticWindow([short], anneal_fraction=0.0),
                "long": StochasticWindow([64], anneal_fraction=0.0),
+               "attention": StochasticWindow([64], anneal_fraction=0.0),  # no sliding layer: the window is unused
                "stochastic": StochasticWindow([short, 64], [0.5, 0.5], anneal_fraction=0.1, seed=args.seed)}[name]
     eval_window = short if name == "short" else 64
     torch.manual_seed(args.seed)
-    model = SWAXModel(ModelConfig(vocab_size=257, d_model=128, n_layers=2, pattern="SX", n_heads=4, window=64,
-                                  mlstm_heads=2, chunk_size=16, igate_bias_init=0.0, init_std=args.init_std))
-    model.reset_parameters(seed=args.seed)
+    model = arm_model(name, args)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     start = time.time()
     for step in range(args.steps):
         model.set_window(windows.window_at(step, args.steps))
-        loss, acc = recall(model, *batch(args.seed * 1_000_003 + step, args.batch, args.pairs, (0, 16),
-                                         args.key_tokens))
+        loss, acc = recall(model, *batch(args.seed * 1_000_003 + step, args.batch, args.pairs,
+                                         training_gaps(step, args), args.key_tokens))
         for group in opt.param_groups:
             group["lr"] = args.lr * min(1.0, (step + 1) / 30)
         opt.zero_grad()
@@ -115,10 +137,10 @@ def run(name: str, args: argparse.Namespace) -> None:
                               "eval_loss": round(loss.item(), 3), "eval_acc": round(acc.item(), 3)}), flush=True)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arms", nargs="+", default=["short", "long", "stochastic"],
-                        choices=["short", "long", "stochastic"])
+                        choices=["short", "long", "stochastic", "attention"])
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--pairs", type=int, default=8)
@@ -126,11 +148,21 @@ def main() -> None:
     parser.add_argument("--short_window", type=int, default=2, help="the short arm's window (and the stochastic's)")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--init_std", type=float, default=0.088,
-                        help="std of the weights at init: 1/sqrt(d_model) (at the model's 0.02 no recall is learned)")
+    parser.add_argument("--d_model", type=int, default=128, help="model width")
+    parser.add_argument("--train_gap", type=int, default=SHORT_GAP, help="training gaps are drawn in 0..train_gap")
+    parser.add_argument("--short_gap_steps", type=int, default=0,
+                        help=f"the first steps whose gaps are drawn in 0..{SHORT_GAP} whatever --train_gap")
+    parser.add_argument("--repeats", type=int, default=1, help="the arm's two blocks, repeated (2: S X S X)")
+    parser.add_argument("--init_std", type=float, default=None,
+                        help="std of the weights at init (default 1/sqrt(d_model); at the model's 0.02 no recall is "
+                             "learned)")
     parser.add_argument("--every", type=int, default=200)
     parser.add_argument("--eval_gaps", type=int, nargs="+", default=[0, 16, 64, 128, 256, 512])
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
     for arm in args.arms:
         run(arm, args)
 

@@ -180,6 +180,21 @@ def test_window_mqar_sequences_are_answerable_by_an_oracle_and_only_by_it():
         assert blind < 64 * pairs * 0.05
 
 
+def test_window_mqar_arms_and_gap_curriculum():
+    """experiments/window_mqar.py: the attention arm is full attention only (no window, no memory), --repeats stacks
+    the arm's two blocks, and --short_gap_steps N draws the first N steps' gaps in 0..16, the rest in 0..--train_gap."""
+    from experiments import window_mqar as mqar
+    from swax_lightning.model.mlstm import MLSTMLayer
+    args = mqar.parse_args(["--d_model", "16", "--repeats", "2", "--train_gap", "160", "--short_gap_steps", "3"])
+    attention = mqar.arm_model("attention", args)
+    assert [b.kind for b in attention.blocks] == ["A"] * 4 and not attention.attention_layers(sliding=True)
+    hybrid = mqar.arm_model("long", args)
+    assert [b.kind for b in hybrid.blocks] == ["S", "X", "S", "X"]
+    assert sum(isinstance(b.mixer, MLSTMLayer) for b in hybrid.blocks) == 2
+    assert [mqar.training_gaps(step, args) for step in range(5)] == [(0, 16)] * 3 + [(0, 160)] * 2
+    assert mqar.training_gaps(0, mqar.parse_args(["--train_gap", "48"])) == (0, 48)
+
+
 def test_copy_loss_at_gap_scores_the_repeated_letters():
     """recall_emergence.py --eval_gaps: a layer that copies from exactly length + gap back scores 0 on the second
     string's letters 2..length; one that looks a letter short is wrong on them."""
