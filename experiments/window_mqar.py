@@ -154,8 +154,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"the first steps whose gaps are drawn in 0..{SHORT_GAP} whatever --train_gap")
     parser.add_argument("--repeats", type=int, default=1, help="the arm's two blocks, repeated (2: S X S X)")
     parser.add_argument("--init_std", type=float, default=None,
-                        help="std of the weights at init (default 1/sqrt(d_model); at the model's 0.02 no recall is "
-                             "learned)")
+                        help="std of the weights at init (default 1/sqrt(d_model), 0.0884 at 128; the runs before "
+                             "2026-12-05 used 0.088; at the model's 0.02 no recall is learned)")
     parser.add_argument("--every", type=int, default=200)
     parser.add_argument("--eval_gaps", type=int, nargs="+", default=[0, 16, 64, 128, 256, 512])
     return parser.parse_args(argv)
