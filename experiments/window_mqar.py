@@ -14,7 +14,9 @@ mLSTM (its state holds every pair) is what the window decides. Training gaps are
 so every pair is inside the long window, 64, during training; --short_gap_steps N draws them in 0..16 for the first N
 steps, a curriculum); the evaluation gaps go to 512, beyond it.
 --key_tokens K spells the keys in K tokens of a small alphabet, so that only the whole key names a value;
---short_window sets the short window.
+--short_window sets the short window; --attention_conv K puts short convolutions on every attention layer's q, k, v
+(a key then carries the token before it: one layer can look a value up, and four attention blocks form the lookup
+by step 500 where without them they form none in 2,000: docs/study/what_was_tried.md item 18).
 
 Arms (an S X model, one SWA block then one mLSTM block, --repeats times, 4 heads, 2 mLSTM heads): `short` trains
 and evaluates at W = 2, `long` at W = 64, `stochastic` trains at 2 with probability 0.5, else 64, the last 10% at 64
@@ -24,9 +26,9 @@ training loss and accuracy every --every steps, then accuracy per evaluation gap
 
 Decisions: width --d_model (default 128), weights at std 1/sqrt(d_model) (at the model's default 0.02, meant for
 widths in the thousands, the short arm stayed at chance for 2,000 steps) and mLSTM input gates open (bias 0 instead
-of xLSTM-7B's -10; docs/study/what_was_tried.md items 5-6); AdamW, 30 warm-up steps, no weight decay, batch 64, lr 3e-3
-by default (the memory's pilots; full attention's lookup forms at 1e-3 and not at 3e-3: item 17); every arm sees the
-same sequences (a generator seeded per step; evaluation seeds are disjoint from training's).
+of xLSTM-7B's -10, --igate_bias; docs/study/what_was_tried.md items 5-6); AdamW, 30 warm-up steps, no weight
+decay, batch 64, lr 3e-3 by default (the memory's pilots; full attention's lookup forms at 1e-3 and not at 3e-3: item
+17); every arm sees the same sequences (a generator seeded per step; evaluation seeds are disjoint from training's).
 """
 from __future__ import annotations
 
@@ -92,8 +94,8 @@ def arm_model(name: str, args: argparse.Namespace) -> SWAXModel:
     pattern = "AA" if name == "attention" else "SX"
     init_std = args.init_std if args.init_std is not None else args.d_model ** -0.5
     model = SWAXModel(ModelConfig(vocab_size=257, d_model=args.d_model, n_layers=2 * args.repeats, pattern=pattern,
-                                  n_heads=4, window=64, mlstm_heads=2, chunk_size=16, igate_bias_init=0.0,
-                                  init_std=init_std))
+                                  n_heads=4, window=64, mlstm_heads=2, chunk_size=16, igate_bias_init=args.igate_bias,
+                                  init_std=init_std, attention_conv=args.attention_conv))
     model.reset_parameters(seed=args.seed)
     return model
 
@@ -156,6 +158,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--init_std", type=float, default=None,
                         help="std of the weights at init (default 1/sqrt(d_model), 0.0884 at 128; the runs before "
                              "2026-12-05 used 0.088; at the model's 0.02 no recall is learned)")
+    parser.add_argument("--igate_bias", type=float, default=0.0,
+                        help="the mLSTM input-gate bias at init (xLSTM-7B: -10; 0 opens the gates: item 5)")
+    parser.add_argument("--attention_conv", type=int, default=0,
+                        help="short convolutions of this width on q, k, v of every attention layer (0: none)")
     parser.add_argument("--every", type=int, default=200)
     parser.add_argument("--eval_gaps", type=int, nargs="+", default=[0, 16, 64, 128, 256, 512])
     return parser.parse_args(argv)

@@ -182,7 +182,9 @@ def test_window_mqar_sequences_are_answerable_by_an_oracle_and_only_by_it():
 
 def test_window_mqar_arms_and_gap_curriculum():
     """experiments/window_mqar.py: the attention arm is full attention only (no window, no memory), --repeats stacks
-    the arm's two blocks, and --short_gap_steps N draws the first N steps' gaps in 0..16, the rest in 0..--train_gap."""
+    the arm's two blocks, --short_gap_steps N draws the first N steps' gaps in 0..16, the rest in 0..--train_gap,
+    --attention_conv K puts width-K convolutions on every attention layer (none by default) and --igate_bias sets the
+    mLSTM input-gate bias (0 by default)."""
     from experiments import window_mqar as mqar
     from swax_lightning.model.mlstm import MLSTMLayer
     args = mqar.parse_args(["--d_model", "16", "--repeats", "2", "--train_gap", "160", "--short_gap_steps", "3"])
@@ -193,6 +195,11 @@ def test_window_mqar_arms_and_gap_curriculum():
     assert sum(isinstance(b.mixer, MLSTMLayer) for b in hybrid.blocks) == 2
     assert [mqar.training_gaps(step, args) for step in range(5)] == [(0, 16)] * 3 + [(0, 160)] * 2
     assert mqar.training_gaps(0, mqar.parse_args(["--train_gap", "48"])) == (0, 48)
+    assert all(layer.convs is None for layer in hybrid.attention_layers())
+    assert all(b.mixer.igate.bias.eq(0).all() for b in hybrid.blocks if b.kind == "X")
+    tuned = mqar.arm_model("long", mqar.parse_args(["--d_model", "16", "--attention_conv", "4", "--igate_bias", "-10"]))
+    assert all(conv.kernel == 4 for layer in tuned.attention_layers() for conv in layer.convs)
+    assert all(b.mixer.igate.bias.eq(-10).all() for b in tuned.blocks if b.kind == "X")
 
 
 def test_copy_loss_at_gap_scores_the_repeated_letters():
