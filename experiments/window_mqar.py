@@ -5,6 +5,8 @@ remember, where a long window lets attention do the work and fail beyond it?
     python -m experiments.window_mqar --arms long --steps 500 --seed 1   # one arm, fewer steps, another seed
     python -m experiments.window_mqar --arms short --key_tokens 3 --short_window 4   # keys of 3 tokens, W 4 holds one
     python -m experiments.window_mqar --arms attention --d_model 64 --lr 1e-3      # full attention's lookup alone
+    python -m experiments.window_mqar --d_model 128 --lr 1e-3 --repeats 2 --attention_conv 4 --steps 2000
+        # S X S X with short convolutions: the three arms separate as the paper says (what_was_tried.md item 18)
 
 Every sequence: P key-value pairs (single tokens: keys from one range of ids, values from another), a gap of filler
 tokens (a third range), then the P keys again in a new order, each followed by its value. The loss and accuracy are
