@@ -284,7 +284,8 @@ def test_the_training_stream_holds_recall_beyond_the_window_and_no_stale_pair_wi
     study = yaml.safe_load((ROOT / "configs/study/_base.yaml").read_text())["data"]["recall"]  # the study's mix
     data = TextDataModule(source=str(source), data_dir=str(tmp_path / "shards"), seq_len=64, batch_size=2,
                           val_fraction=0.1, test_fraction=0.1,
-                          recall=RecallMix(**study | {"documents": 12, "doc_chars": 3000, "fresh_chars": fresh_chars}))
+                          recall=RecallMix(**study | {"documents": 12, "doc_chars": 3000, "fresh_chars": fresh_chars,
+                                                       "short_gap_documents": 2}))
     data.prepare_data()
     stream = StreamingDataset(str(tmp_path / "shards/train"), item_loader=TokensLoader(block_size=65))
     raw = torch.cat([torch.as_tensor(stream[i]) for i in range(len(stream))]).tolist()

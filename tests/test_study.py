@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1",
          "--trainer.limit_test_batches", "2", "--data.batch_size", "2", "--eval.copy.lengths", "[8, 96]",
          "--eval.copy.samples", "2", "--eval.mqar.gaps", "[0, 64]", "--eval.mqar.samples", "4",
-         "--data.recall.documents", "50"]
+         "--data.recall.documents", "50", "--data.recall.short_gap_steps", "1",
+         "--data.recall.short_gap_documents", "4"]
 
 
 @pytest.mark.slow

@@ -5,12 +5,13 @@ from types import SimpleNamespace
 
 import lightning as L
 import pytest
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 from swax_lightning.data.datamodule import TextDataModule
 from swax_lightning.training.module import LanguageModule
 from swax_lightning.training.window import StochasticWindow
+from tests.stop_at import StopAt
 
 PAPER = dict(windows=[128, 2048], probs=[0.75, 0.25], anneal_fraction=0.1, eval_window=2048)
 
@@ -75,15 +76,6 @@ TINY = dict(vocab_size=257, d_model=32, n_layers=2, n_heads=2, mlstm_heads=2, ch
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("data") / "shards")
-
-
-class StopAt(Callback):
-    def __init__(self, step):
-        self.step = step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.global_step == self.step:
-            trainer.should_stop = True
 
 
 def _run(tmp, name, data_dir, max_steps, ckpt_path=None, extra=()):

@@ -28,6 +28,9 @@ Decisions:
   written from `seed` (the run's), so the default folder's name carries a digest of the mix and the seed. An
   associative-recall document's tokens other than its queried values are written marked context-only (int32
   shards; loss_mask.py), so that training scores the values alone.
+- A recall mix with a short-gap phase (`short_gap_steps`) gets a fourth split, `short_gaps/`: MQAR documents whose
+  gaps stay short, and no text. Training reads it for those first steps, then the training split (PhasedLoader,
+  phased_loader.py: the switch is counted in batches, so a resumed run switches where an uninterrupted one does).
 - `data_dir` may be an s3:// folder (remote.py): prepared in a local cache by the same code, checked and uploaded
   once for the cluster (global rank 0), streamed by litdata through that cache on every node.
 - Resume mid-epoch is Lightning's: it saves the StreamingDataLoader state in the checkpoint.
@@ -75,6 +78,7 @@ from swax_lightning.core.errors import ConfigError, InputError
 from swax_lightning.data import loss_mask
 from swax_lightning.data.corpus import EMBEDDED, document_refs, read_documents, split_of
 from swax_lightning.data.loss_mask import mark
+from swax_lightning.data.phased_loader import PhasedLoader
 from swax_lightning.data.prompts import read_prompts
 from swax_lightning.data.recall_documents import RecallMix, training_pieces
 from swax_lightning.data.remote import RemoteFolder, default_cache_dir, remote_url
@@ -82,9 +86,11 @@ from swax_lightning.data.shards import check_checksums, check_sizes, checksums, 
 from swax_lightning.data.tokenizer import load_tokenizer
 
 RECALL_PREFIX = "recall:"
+SHORT_GAP_PREFIX = "recall-short-gaps:"
 TRAIN_ORDER = "shuffled"  # recorded in meta.json: shards written in source order are not reused
 SPLIT_BY = "relative path"  # recorded in meta.json: shards split by absolute path (machine-dependent) are not reused
 SPLITS = ("train", "val", "test")
+SHORT_GAPS = "short_gaps"  # the short-gap phase's split (RecallMix.short_gap_steps), when there is one
 CHUNK_TOKENS = 1 << 22  # ~4M tokens per shard file, rounded down to whole blocks
 
 
@@ -109,19 +115,21 @@ def tokenize_ref(position: int, refs: list[str], source: str, tokenizer: str, va
                  test_fraction: float, recall: dict | None, recall_seed: int, staging: Path) -> None:
     """Reads `refs[position]` once and writes the tokens of its documents, each followed by the end-of-text id, to
     staging/<position>.npz, one array per split (a recall document, ref "recall:<index>", belongs to the training
-    split), and to staging/<position>.json what meta.json needs from it: the validation text's bytes and tokens, the
-    recall tokens, and the ref if it is not UTF-8."""
+    split; a short-gap phase's one, "recall-short-gaps:<index>", to `short_gaps`), and to staging/<position>.json what
+    meta.json needs from it: the validation text's bytes and tokens, the recall tokens, and the ref if it is not
+    UTF-8."""
     ref = refs[position]
     tok = _tokenizer(tokenizer)
     mix = RecallMix(**recall) if recall else None
     dtype = np.uint16 if tok.vocab_size <= 1 << 16 and not (mix and mix.has_context_only) else np.int32
-    tokens = {split: [] for split in SPLITS}
+    splits = splits_of(mix)
+    tokens = {split: [] for split in splits}
     counts = {"val_bytes": 0, "val_tokens": 0, "recall_tokens": 0, "undecodable": None}
-    if ref.startswith(RECALL_PREFIX):
-        pieces = training_pieces(int(ref[len(RECALL_PREFIX):]), mix, recall_seed)
+    if ref.startswith((RECALL_PREFIX, SHORT_GAP_PREFIX)):
+        split, pieces = recall_pieces(ref, mix, recall_seed)
         ids = [t for piece, scored in pieces for t in mark(tok.encode(piece), scored)] + [tok.eos_id]
-        tokens["train"].append(ids)
-        counts["recall_tokens"] = len(ids)
+        tokens[split].append(ids)
+        counts["recall_tokens"] = len(ids) if split == "train" else 0
     else:
         undecodable = []
         for name, text in read_documents(ref, source, undecodable):
@@ -132,8 +140,22 @@ def tokenize_ref(position: int, refs: list[str], source: str, tokenizer: str, va
                 counts["val_tokens"] += len(tokens[split][-1])
         counts["undecodable"] = undecodable[0] if undecodable else None
     np.savez(staging / f"{position}.npz", **{split: np.asarray([t for ids in tokens[split] for t in ids], dtype=dtype)
-                                            for split in SPLITS})
+                                            for split in splits})
     (staging / f"{position}.json").write_text(json.dumps(counts))
+
+
+def recall_pieces(ref: str, mix: RecallMix, seed: int) -> tuple[str, list[tuple[str, bool]]]:
+    """(split, pieces) of a recall document's ref. A short-gap phase's documents take the indices after the training
+    split's, so that their episodes are drawn apart from those."""
+    if ref.startswith(SHORT_GAP_PREFIX):
+        return SHORT_GAPS, training_pieces(mix.documents + int(ref[len(SHORT_GAP_PREFIX):]), mix.short_gap_phase,
+                                           seed)
+    return "train", training_pieces(int(ref[len(RECALL_PREFIX):]), mix, seed)
+
+
+def splits_of(mix: RecallMix | None) -> tuple[str, ...]:
+    """The split folders of a data folder: train, val, test, and short_gaps with a short-gap phase."""
+    return SPLITS + ((SHORT_GAPS,) if mix and mix.short_gap_steps else ())
 
 
 def tokenizing_worker(index: int, workers: int, refs: list[str], staging: Path, settings: dict) -> None:
@@ -298,6 +320,10 @@ class TextDataModule(L.LightningDataModule):
                 "split_by": SPLIT_BY}
 
     @property
+    def splits(self) -> tuple[str, ...]:
+        return splits_of(self.recall)
+
+    @property
     def tokenizer(self):
         return _tokenizer(self.tokenizer_spec)
 
@@ -353,18 +379,21 @@ class TextDataModule(L.LightningDataModule):
         try:
             with _interruptible():
                 recall = [f"{RECALL_PREFIX}{i}" for i in range(self.recall.documents)] if self.recall else []
-                inputs = refs + recall
+                short_gaps = [f"{SHORT_GAP_PREFIX}{i}" for i in range(self.recall.short_gap_documents)] \
+                    if SHORT_GAPS in self.splits else []
+                inputs = refs + recall + short_gaps
                 counts = self._tokenize(inputs, tmp / "staging")
                 position = {ref: i for i, ref in enumerate(inputs)}
-                for split in SPLITS:
-                    order = [position[ref] for ref in shuffled(inputs)] if split == "train" else range(len(refs))
+                for split in self.splits:
+                    order = {"train": [position[ref] for ref in shuffled(refs + recall)],
+                             SHORT_GAPS: range(len(refs) + len(recall), len(inputs))}.get(split, range(len(refs)))
                     fn = functools.partial(staged_tokens, staging=tmp / "staging", split=split)
                     optimize(fn=fn, inputs=list(order), output_dir=str(tmp / split), chunk_size=chunk,
                              item_loader=TokensLoader(), num_workers=1, reorder_files=False, verbose=False,
                              start_method=START_METHOD)
             shutil.rmtree(tmp / "staging")
             meta = (self._expected_meta() | self._measure(counts, len(refs), tmp)
-                    | {"tokenizer_fingerprint": self.tokenizer.fingerprint, "sha256": checksums(tmp, SPLITS)})
+                    | {"tokenizer_fingerprint": self.tokenizer.fingerprint, "sha256": checksums(tmp, self.splits)})
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
             atomic.replace(tmp, self.data_dir)
             print(preparation_summary(self.data_dir, meta, len(refs)), flush=True)
@@ -415,8 +444,8 @@ class TextDataModule(L.LightningDataModule):
         if undecodable:
             warnings.warn(f"{len(undecodable)} of the {n_refs} files of {self.source} are not UTF-8 text and were "
                           f"skipped, e.g. {', '.join(undecodable[:UNDECODABLE_EXAMPLES])}", stacklevel=3)
-        split_counts = {f"{split}_tokens": split_tokens(out / split) for split in SPLITS}
-        for split in SPLITS:
+        split_counts = {f"{split}_tokens": split_tokens(out / split) for split in self.splits}
+        for split in self.splits:
             if split_counts[f"{split}_tokens"] < self.seq_len + 1:
                 raise InputError(f"the {split} split of {self.source} has {split_counts[f'{split}_tokens']} tokens, "
                                  f"fewer than one block of seq_len + 1 = {self.seq_len + 1}: add text or change "
@@ -435,14 +464,14 @@ class TextDataModule(L.LightningDataModule):
             self._check_settings(self.meta)
             self._check_tokenizer()
             if self.remote:
-                self._folder().check_sizes({split: read_index(self.data_dir / split) for split in SPLITS})
+                self._folder().check_sizes({split: read_index(self.data_dir / split) for split in self.splits})
             else:
                 self._check_local_shards(self.meta, content=self.verify_checksums)
             self._verified = True
         if stage in (None, "fit"):
             self._check_one_batch()
-        for split in SPLITS:
-            self.datasets[split] = self.blocks(split, self.seq_len + 1, shuffle=(split == "train"))
+        for split in self.splits:
+            self.datasets[split] = self.blocks(split, self.seq_len + 1, shuffle=split in ("train", SHORT_GAPS))
 
     def blocks(self, split: str, block_size: int, shuffle: bool = False) -> StreamingDataset:
         """The split as blocks of `block_size` tokens, streamed from the local folder or from the bucket. drop_last
@@ -467,13 +496,13 @@ class TextDataModule(L.LightningDataModule):
         before = read_meta(self.data_dir)["sha256"] if cached.exists() else None
         folder.fetch("meta.json", cached)
         if before is not None and before != read_meta(self.data_dir)["sha256"]:
-            for split in SPLITS:
+            for split in self.splits:
                 shutil.rmtree(self.data_dir / split, ignore_errors=True)
-        for split in SPLITS:
+        for split in self.splits:
             folder.fetch(f"{split}/index.json", self.data_dir / split / "index.json")
 
     def _check_local_shards(self, meta: dict, content: bool) -> None:
-        for split in SPLITS:
+        for split in self.splits:
             check_sizes(self.data_dir / split)
         if content:
             check_checksums(self.data_dir, meta["sha256"])
@@ -506,9 +535,24 @@ class TextDataModule(L.LightningDataModule):
                              f"lower batch_size / seq_len / num_workers")
 
     def train_dataloader(self):
+        """The training split's batches; with a short-gap phase, its split's first (PhasedLoader)."""
+        train = self._streaming_loader("train")
+        if SHORT_GAPS not in self.splits:
+            return train
+        accumulate = getattr(self.trainer, "accumulate_grad_batches", 1) if self.trainer is not None else 1
+        phase_batches = self.recall.short_gap_steps * accumulate
+        phase = self._streaming_loader(SHORT_GAPS)
+        if len(phase) < phase_batches:
+            raise InputError(f"the short-gap phase needs {phase_batches} batches per rank (data.recall.short_gap_steps "
+                             f"{self.recall.short_gap_steps} x accumulate_grad_batches {accumulate}), but its split in "
+                             f"{self.data_dir / SHORT_GAPS} holds {len(phase)}: raise data.recall.short_gap_documents "
+                             f"(now {self.recall.short_gap_documents}) in proportion")
+        return PhasedLoader(phase, train, phase_batches)
+
+    def _streaming_loader(self, split: str) -> StreamingDataLoader:
         collate = functools.partial(stack_within_vocabulary, vocab_size=self.tokenizer.vocab_size,
-                                    where=self.data_dir / "train")
-        return StreamingDataLoader(self.datasets["train"], batch_size=self.batch_size, num_workers=self.num_workers,
+                                    where=self.data_dir / split)
+        return StreamingDataLoader(self.datasets[split], batch_size=self.batch_size, num_workers=self.num_workers,
                                    drop_last=True, collate_fn=collate)
 
     def val_dataloader(self):
@@ -541,8 +585,9 @@ def preparation_summary(data_dir: Path, meta: dict, n_inputs: int) -> str:
     """The line printed when shards are written: where, and how many tokens each split holds."""
     recall_tokens = meta["recall_train_tokens"]
     recall = f" (of which {recall_tokens:,} recall-document tokens)" if recall_tokens else ""
+    phase = f", short-gap phase {meta[f'{SHORT_GAPS}_tokens']:,}" if f"{SHORT_GAPS}_tokens" in meta else ""
     return (f"prepared {data_dir} from {n_inputs:,} inputs: train {meta['train_tokens']:,} tokens{recall}, "
-            f"validation {meta['val_tokens']:,}, test {meta['test_tokens']:,}")
+            f"validation {meta['val_tokens']:,}, test {meta['test_tokens']:,}{phase}")
 
 
 def read_meta(data_dir: Path) -> dict:

@@ -28,7 +28,7 @@ Everything is a pure function of (seed, index): the same corpus on every machine
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from swax_lightning.data import mqar_episodes as mqar
 
@@ -65,6 +65,13 @@ class RecallMix:
         copy_lengths: mqar: [shortest, longest] copied span, drawn uniformly (keep the longest below the long
             window, so that the long window copies every span).
         doc_chars: Characters per document.
+        short_gap_steps: mqar: optimizer steps at the start of training that read only recall documents whose gaps
+            are at most `short_max_gap` (no text), before the mixed training split: the phase in which attention
+            forms a lookup by key, which it does not when long gaps and text come from the first step
+            (docs/study/what_was_tried.md 17-18). 0 = no such phase.
+        short_max_gap: mqar: the largest gap of the short-gap phase's episodes.
+        short_gap_documents: mqar: documents written for that phase (a split of their own, `short_gaps/`); they
+            must fill its batches on every rank (checked when training starts, naming this field).
     """
 
     documents: int = 0
@@ -81,6 +88,9 @@ class RecallMix:
     copy_share: float = 0.0
     copy_lengths: tuple[int, int] = (8, 48)
     doc_chars: int = 8192
+    short_gap_steps: int = 0
+    short_max_gap: int = 16
+    short_gap_documents: int = 0
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -97,9 +107,29 @@ class RecallMix:
             raise ValueError(f"RecallMix.copy_lengths must be [shortest, longest] with 1 <= shortest <= longest "
                              f"(got {list(lengths)})")
         object.__setattr__(self, "copy_lengths", lengths)  # a YAML list, kept as a tuple (hashable, as the default)
+        self._check_short_gap_phase()
         for name in ("far_share", "question_share", "copy_share"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"RecallMix.{name} must be in [0, 1] (got {getattr(self, name)})")
+
+    def _check_short_gap_phase(self) -> None:
+        if self.short_gap_steps < 0:
+            raise ValueError(f"RecallMix.short_gap_steps must be >= 0 (got {self.short_gap_steps})")
+        if not self.short_gap_steps:
+            return
+        if self.kind != "mqar":
+            raise ValueError(f"RecallMix.short_gap_steps is for kind mqar (got kind {self.kind!r})")
+        if not 0 <= self.short_max_gap <= self.max_gap:
+            raise ValueError(f"RecallMix.short_max_gap must be in [0, max_gap = {self.max_gap}] "
+                             f"(got {self.short_max_gap})")
+        if self.short_gap_documents < 1:
+            raise ValueError(f"RecallMix.short_gap_documents must be >= 1 with short_gap_steps "
+                             f"{self.short_gap_steps} (got {self.short_gap_documents})")
+
+    @property
+    def short_gap_phase(self) -> RecallMix | None:
+        """The mix of the short-gap phase's documents (gaps up to short_max_gap), or None without one."""
+        return replace(self, max_gap=self.short_max_gap) if self.short_gap_steps else None
 
     @property
     def has_context_only(self) -> bool:
