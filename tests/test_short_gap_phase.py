@@ -13,7 +13,7 @@ from swax_lightning.core.errors import InputError
 from swax_lightning.data import mqar_episodes as mqar
 from swax_lightning.data.datamodule import SHORT_GAPS, TextDataModule
 from swax_lightning.data.phased_loader import PhasedLoader
-from swax_lightning.data.recall_documents import RecallMix, training_pieces
+from swax_lightning.data.recall_documents import RecallMix, training_document, training_pieces
 from swax_lightning.training.module import LanguageModule
 from tests.stop_at import StopAt
 
@@ -61,10 +61,8 @@ def test_the_phase_reads_only_short_gap_episodes_then_the_training_split(tmp_pat
     assert data.meta[f"{SHORT_GAPS}_tokens"] == sum(len("".join(p for p, _ in doc)) + 1 for doc in documents)
     # ... whose every recall lies within the reach of gaps up to short_max_gap (a copy's: its span + 1, up to 49);
     # the training split's go further.
-    short = [mqar.training_document(mix.documents + i, mix.pairs, mix.key_length, 16, mix.doc_chars, 5,
-                                    mix.fresh_chars, mix.copies)[1] for i in range(4)]
-    long = [mqar.training_document(i, mix.pairs, mix.key_length, 160, mix.doc_chars, 5, mix.fresh_chars,
-                                   mix.copies)[1] for i in range(mix.documents)]
+    short = [training_document(mix.documents + i, mix.short_gap_phase, 5)[1] for i in range(mix.short_gap_documents)]
+    long = [training_document(i, mix, 5)[1] for i in range(mix.documents)]
     reach = max(mqar.max_reach(mix.pairs, mix.key_length, 16), mix.copy_lengths[1] + 1)
     assert max(max(r) for r in short) <= reach < max(max(r) for r in long)
 
