@@ -6,6 +6,16 @@
 #   bash benchmarks/gpu_check.sh --study [summary.json]   the GPU window study instead (issue 26 item 5): install,
 #                                                 then the six arms of configs/study_gpu, seed 0, in 7 minutes
 #                                                 (418 s on one H200, 2026-12-04; limits 570 s: one device call)
+#   bash benchmarks/gpu_check.sh --carry MODEL    here (networked, `bash setup.sh pretrained` done): the wheels the
+#                                                 retrofit needs and MODEL's GGUF in parts under benchmarks/.carry/, and
+#                                                 the device calls that carry them to one warm machine (gpu_carry.py)
+#   bash benchmarks/gpu_check.sh --retrofit MODEL [summary.json]   there, in the last of those calls (issue 36): the
+#                                                 GGUF joined, then configs/retrofit/MODEL_gpu.yaml (LoLCATs' student
+#                                                 at LoLCATs' budget) under 530 s; run again on the same machine, it
+#                                                 resumes. Its run's files but checkpoints, import and data are copied
+#                                                 to $GPU_CHECK_LOGS/MODEL_gpu. Not yet run on a GPU.
+#                                                 GPU_CHECK_RETROFIT_CONFIG and GPU_CHECK_CARRY name another config
+#                                                 and parts folder (tests/test_gpu_carry.py rehearses it on CPU).
 # The stages (STAGES below is the one list; limits in seconds, 420 in all: 60 s of margin):
 # - install: .venv if its torch sees a GPU; else the machine's python3 if its torch does (a CUDA image without
 #   network: what it lacks comes from benchmarks/wheels/, made beforehand with --wheels and carried along, pytest
@@ -40,8 +50,14 @@ OFFLINE_WHEELS="jsonargparse==4.53.0 docstring-parser==0.18.0 typeshed-client==2
   boto3==1.44.8 botocore==1.44.8 s3transfer==0.19.3 jmespath==1.1.0 fla-core==0.6.0 einops==0.8.2 mlstm_kernels==2.0.6
   tokenizers==0.23.3 pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 pygments==2.21.0 packaging==26.4 pytest-timeout==2.4.0"
 STUDY_CONFIGS=configs/study_gpu
+# What `swax_lightning retrofit run` imports that the CUDA image lacks: litdata and its start-up imports, and gguf
+# (transformers' GGUF reader); the image's transformers, accelerate and tokenizers serve.
+RETROFIT_WHEELS="litdata==0.2.76 obstore==0.12.1 boto3==1.44.8 botocore==1.44.8 s3transfer==0.19.3 jmespath==1.1.0
+  gguf==0.19.0"
+CARRY=${GPU_CHECK_CARRY:-benchmarks/.carry}
 GPU_TESTS="-m gpu tests/test_gpu.py"
-# name | phase (tests: side by side; -: alone, in order; study: only with --study) | limit s | basis of the limit
+# name | phase (tests: side by side; -: alone, in order; study, retrofit: only with --study, --retrofit) | limit s |
+# basis of the limit
 # The last run (2026-11-30, one H200; README "Measured on one H200") recorded the totals (325 s, 333 s) and which
 # stages ran out, not each stage's seconds: a limit is 2 x the last measured time where one is known, else the
 # basis says what it rests on.
@@ -56,9 +72,15 @@ swa|-|60|last: done within its 75 s with 5 implementations; 2-3 now (own, FlexAt
 train_1.4b_w128|-|35|never run at W 128; at W 2048: 0.767 s a step, done within its 40 s with 5 steps, 4 now
 train_1.4b_w2048|-|35|last: 0.767 s a step, done within its 40 s with 5 steps, 4 now
 fit_tiny|-|30|last: 200 steps in 30 s with start-up (README); 50 steps now
-study|study|540|last (2026-12-04, one H200): 418 s for six arms of 600 steps of 64 x 512 tokens (26M parameters), two at a time, with their evaluations at both windows; 1.3 x that"
+study|study|540|last (2026-12-04, one H200): 418 s for six arms of 600 steps of 64 x 512 tokens (26M parameters), two at a time, with their evaluations at both windows; 1.3 x that
+retrofit|retrofit|530|never run on a GPU: what a 600 s device call leaves after install; the run resumes in the next call"
 
 stage_install() {
+  if [ "$MODE" = retrofit ]; then  # the image's python3 gets the carried wheels; a venv needs the pretrained group
+    if [ "$PY" = python3 ]; then python3 -m pip install -q --no-deps $RETROFIT_WHEELS; return; fi
+    "$PY" -c "import gguf, litdata, transformers" || { echo "bash setup.sh pretrained first"; return 1; }
+    return
+  fi
   if [ -x .venv/bin/python ] && sees_gpu .venv/bin/python; then
     .venv/bin/python -m pip install -q -r requirements-tfla.txt
   elif [ "$PY" = python3 ]; then
@@ -93,11 +115,23 @@ stage_fit_tiny() {
 stage_study() {
   "$PY" -m swax_lightning.study.sweep run "$STUDY_CONFIGS" --seeds 0 --jobs 2 --threads 4 --save_dir "$LOG/runs"
 }
+stage_retrofit() {  # join the carried GGUF, then the experiment (it resumes); its results copied to $LOG either way
+  local config=${GPU_CHECK_RETROFIT_CONFIG:-configs/retrofit/${RETROFIT_MODEL}_gpu.yaml} out rc
+  "$PY" benchmarks/gpu_carry.py join "$CARRY/$RETROFIT_MODEL.carry.json" || return
+  out=$("$PY" -c "import sys; from swax_lightning.pretrained.experiment import read_config
+print(read_config(sys.argv[1]).out)" "$config") || return
+  timeout $(( $(field retrofit 3) - 15 )) "$PY" -m swax_lightning retrofit run "$config"
+  rc=$?
+  mkdir -p "$LOG/$(basename "$out")"
+  tar cf - --exclude=checkpoints --exclude=import --exclude=data -C "$out" . | tar xf - -C "$LOG/$(basename "$out")"
+  return $rc
+}
 EXTRA="train_1.4b_compile: train_14b --window 2048 --compile
 train_1.4b_tfla: train_14b --window 2048 --kernels mlstm=tfla"
 
 stages_of_mode() {  # the stages this mode runs, in order
-  if [ "$MODE" = study ]; then printf 'install\nstudy\n'; else echo "$STAGES" | awk -F'|' '$2 != "study" {print $1}'; fi
+  if [ "$MODE" = check ]; then echo "$STAGES" | awk -F'|' '$2 != "study" && $2 != "retrofit" {print $1}'
+  else printf 'install\n%s\n' "$MODE"; fi
 }
 sees_gpu() { "$1" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; }
 per_test() {  # a per-test limit where the pytest-timeout plugin is there
@@ -111,15 +145,23 @@ if [ "${1:-}" = "--wheels" ]; then
     -d benchmarks/wheels $OFFLINE_WHEELS && ls benchmarks/wheels
   exit
 fi
+if [ "${1:-}" = "--carry" ]; then
+  model=${2:?"--carry MODEL: smollm2 or gemma3"}
+  rm -rf "$CARRY/wheels"
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+    -d "$CARRY/wheels" $RETROFIT_WHEELS || exit
+  exec .venv/bin/python benchmarks/gpu_carry.py pack "$model" --out "$CARRY" --wheels "$CARRY/wheels"
+fi
 if [ "${1:-}" = "--dry-run" ]; then
   echo "stage | phase | limit s | basis"
-  echo "$STAGES" | awk -F'|' '{phase = $2 == "-" ? "alone" : ($2 == "tests" ? "side by side" : "--study only")
+  echo "$STAGES" | awk -F'|' '{phase = $2 == "-" ? "alone" : ($2 == "tests" ? "side by side" : "--" $2 " only")
                                printf "%s | %s | %s | %s\n", $1, phase, $3, $4}'
   total=$(echo "$STAGES" | awk -F'|' '$2 == "tests" {if ($3 > t) t = $3; next} $2 == "-" {s += $3}
                                        END {print s + t}')
   echo "total of the limits: $total s of 480 (the side-by-side tests count once: their slowest group's limit)"
   study=$(( $(field install 3) + $(field study 3) ))
   echo "--study: install and study, $study s of 600, one device call (the study's arms: $(ls $STUDY_CONFIGS | grep -v '^_' | paste -sd' '))"
+  echo "--retrofit MODEL: install and retrofit, $(( $(field install 3) + $(field retrofit 3) )) s of 600 a device call; wheels: $(echo $RETROFIT_WHEELS)"
   echo "extra with GPU_CHECK_EXTRA=1 (outside the budget): $(echo "$EXTRA" | cut -d: -f1 | paste -sd' ')"
   echo "wheels for a CUDA image without network (benchmarks/wheels/, from --wheels):"
   for wheel in $OFFLINE_WHEELS; do
@@ -134,10 +176,14 @@ if [ "${1:-}" = "--dry-run" ]; then
   exit 0
 fi
 
-MODE=check
+MODE=check RETROFIT_MODEL=
 if [ "${1:-}" = "--study" ]; then
   MODE=study
   shift
+elif [ "${1:-}" = "--retrofit" ]; then
+  MODE=retrofit
+  RETROFIT_MODEL=${2:?"--retrofit MODEL: smollm2 or gemma3"}
+  shift 2
 fi
 SUMMARY=${1:-gpu_$MODE.json}
 LOG=${GPU_CHECK_LOGS:-$(mktemp -d)}
@@ -149,14 +195,14 @@ if [ -x .venv/bin/python ] && sees_gpu .venv/bin/python; then
   PY=.venv/bin/python
 elif sees_gpu python3; then
   PY=python3
-  export PIP_NO_INDEX=1 PIP_FIND_LINKS=benchmarks/wheels
+  export PIP_NO_INDEX=1 PIP_FIND_LINKS=$([ "$MODE" = retrofit ] && echo "$CARRY/wheels" || echo benchmarks/wheels)
 else
   PY=.venv/bin/python
 fi
 # The interpreter off: tests/conftest.py switches it on for the CPU tests unless told otherwise.
 export TRITON_INTERPRET=0
-export -f sees_gpu per_test train_14b $(echo "$STAGES" | cut -d'|' -f1 | sed 's/^/stage_/')
-export PY LOG GPU_TESTS STUDY_CONFIGS OFFLINE_WHEELS
+export -f sees_gpu per_test field train_14b $(echo "$STAGES" | cut -d'|' -f1 | sed 's/^/stage_/')
+export PY LOG GPU_TESTS STUDY_CONFIGS OFFLINE_WHEELS MODE RETROFIT_WHEELS CARRY RETROFIT_MODEL STAGES
 
 summarise() {  # rewrite the summary from the stage logs so far (atomically)
   "$PY" benchmarks/gpu_check_summary.py "$LOG" "$SUMMARY" "$start" "$(stages_of_mode | paste -sd,)"
@@ -176,10 +222,10 @@ run_stage() {  # run_stage NAME [COMMAND...]: under its limit, stdout+stderr to 
 summarise
 run_stage install
 summarise
-if [ "$MODE" = study ]; then
-  run_stage study
+if [ "$MODE" != check ]; then
+  run_stage "$MODE"
   summarise >/dev/null
-  echo "[gpu_check] study summary: $SUMMARY; logs and runs: $LOG" >&2
+  echo "[gpu_check] $MODE summary: $SUMMARY; logs and runs: $LOG" >&2
   exit 0
 fi
 for name in $(names tests); do run_stage "$name" & done

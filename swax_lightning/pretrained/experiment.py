@@ -31,8 +31,8 @@ Decisions:
   second each sequence gets after the prefill, at each prompt length; the table gives them at the longest NIAH
   length with the batch they were measured at (a step of a batch reads the weights once for all its sequences).
   Timings are this machine's at the time (kept out of the suite's deterministic results.json).
-- A config file may `extends:` another (a larger budget overrides a few fields); an unknown field or a value out of
-  range is one line naming it (exit code 2).
+- A config file may `extends:` another (a larger budget overrides a few fields, `students.<name>: null` drops a
+  student); an unknown field or a value out of range is one line naming it (exit code 2).
 """
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ class ExperimentConfig:
             each layer's transfer error and the LoRA loss, the same sequences at every point.
         data: TextDataModule arguments for the training text (source, seq_len, batch_size, recall, data_dir...); the
             tokenizer is always the model's own.
-        students: name -> StudentSpec of each retrofit.
+        students: name -> StudentSpec of each retrofit; `name: null` drops a student the extended file names.
         transfer: Stage 1 (retrofit.TransferConfig).
         lora: Stage 2 (retrofit.LoRAConfig).
         evaluate: EvaluationConfig.
@@ -210,8 +210,8 @@ def build(cls, settings: dict, where: str):
         if name in values and name in known:
             values[name] = build(nested, values[name] or {}, f"{where}{name}.")
     if cls is ExperimentConfig and "students" in values:
-        values["students"] = {name: build(StudentSpec, spec or {}, f"students.{name}.")
-                              for name, spec in (values["students"] or {}).items()}
+        values["students"] = {name: build(StudentSpec, spec, f"students.{name}.")
+                              for name, spec in (values["students"] or {}).items() if spec is not None}
     try:
         return cls(**values)
     except TypeError as err:
