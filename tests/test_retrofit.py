@@ -503,6 +503,21 @@ def test_a_bad_experiment_field_is_one_line(tmp_path):
     assert result.returncode == 2 and "lora.rnak: unknown field" in result.stderr
 
 
+def test_multiple_choice_without_lm_eval_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    """The choice tasks run through lm-eval (the eval group): without it the run stops at once, naming the field and
+    the set-up, instead of failing in the first evaluation after the import and the training."""
+    from swax_lightning.pretrained import experiment
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "lm_eval" else real(name, *a))
+    cfg = read_config(experiment_config(tmp_path, "unused"))
+    with pytest.raises(retrofit.ConfigError, match=r"evaluate.choice_items: .*lm-eval.*bash setup.sh eval pretrained"):
+        experiment.run(cfg)
+    assert not cfg.folder.exists()
+    cfg.evaluate.choice_items = 0
+    experiment.check_packages(cfg)  # no choice tasks: nothing to ask for
+
+
 def test_a_window_beyond_the_teachers_positions_is_refused_before_any_training(teacher, tmp_path):
     """check_variants runs at start-up, before the retrofits train: a window longer than the imported model's
     positions (2,048 here) is one line naming the variant and the window."""

@@ -37,6 +37,7 @@ Decisions:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import time
@@ -540,7 +541,15 @@ def decode_metrics(decode: dict) -> dict:
 
 
 # ---- the command -----------------------------------------------------------------------------------------------------
+def check_packages(cfg: ExperimentConfig) -> None:
+    """What the evaluation will import, checked before anything runs: the multiple-choice tasks go through lm-eval."""
+    if cfg.evaluate.choice_items and importlib.util.find_spec("lm_eval") is None:
+        raise ConfigError("evaluate.choice_items: the multiple-choice tasks run through lm-eval, which is not "
+                          "installed: bash setup.sh eval pretrained, or evaluate.choice_items: 0")
+
+
 def run(cfg: ExperimentConfig) -> str:
+    check_packages(cfg)
     cfg.folder.mkdir(parents=True, exist_ok=True)
     settings = asdict(cfg) | {"training_precision": "bf16" if cfg.bf16 else "fp32"}  # `auto` as this machine reads it
     atomic.write_text(cfg.folder / "experiment.yaml", yaml.safe_dump(settings, sort_keys=False))
