@@ -25,7 +25,7 @@ def test_the_study_command_trains_evaluates_collects_and_resumes(tmp_path):
     for name in ("_base.yaml", "w_short.yaml", "w_long.yaml"):
         shutil.copy(ROOT / "configs/study" / name, study)
     cmd = [sys.executable, "-m", "swax_lightning", "study", "run", str(study), "--seeds", "0", "1", "--jobs", "2",
-           "--save_dir", str(tmp_path / "runs"), "--", *SMALL]
+           "--save_dir", str(tmp_path / "runs"), "--records", str(tmp_path / "records"), "--", *SMALL]
     # From the temporary folder: each seed writes its own recall documents into its default data folder there.
     first = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -56,6 +56,15 @@ def test_the_study_command_trains_evaluates_collects_and_resumes(tmp_path):
     assert len(list((tmp_path / "data").glob("embedded-byte-512-recall-*"))) == 2  # one data folder per seed
     again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and again.stdout.count("done before") == 4, again.stdout[-2000:]
+    # The records alone, in another checkout whose runs/ is gone, give the same report.
+    assert sorted(p.name for p in (tmp_path / "records").iterdir()) == [
+        "w_long-s0.json", "w_long-s1.json", "w_short-s0.json", "w_short-s1.json"]
+    elsewhere = tmp_path / "elsewhere"
+    from_records = subprocess.run([sys.executable, "-m", "swax_lightning", "study", "collect", str(elsewhere / "study"),
+                                   "--records", str(tmp_path / "records")], cwd=ROOT, capture_output=True, text=True,
+                                  timeout=300)
+    assert from_records.returncode == 0, from_records.stderr[-3000:]
+    assert (elsewhere / "study/study.md").read_text() == (out / "study.md").read_text()
 
 
 def _scalar_tags(run: Path) -> set[str]:
@@ -143,6 +152,45 @@ def test_the_claims_are_read_seed_by_seed_with_paired_intervals():
            "(n < 3) |" in report(two)
     del runs[("w_short", 0)], runs[("w_short", 1)], runs[("w_short", 2)], runs[("w_short", 3)], runs[("w_short", 4)]
     assert f"| w_short vs w_long | {beyond} | not measured | | |" in report(runs)
+
+
+def _finished_run(folder: Path, accuracy: float, window: int = 64) -> None:
+    (folder / "eval").mkdir(parents=True)
+    results = {"settings": {"window": window}, "mqar": {"gaps": [{"gap": 0, "accuracy": accuracy, "loss": 1.0}]},
+               "test_split": {"test/loss": 1.5, "test/bpb": 2.0}}
+    (folder / "eval/results.json").write_text(json.dumps(results))
+    (folder / "eval_w2").mkdir()
+    (folder / "eval_w2/results.json").write_text(json.dumps({**results, "settings": {"window": 2}}))
+
+
+def test_records_keep_finished_runs_across_checkouts_and_refuse_a_contradiction(tmp_path, capsys):
+    # A study spread over several machines: seed 0 ran in one checkout, seed 1 in another; each run's record joins
+    # the report; a record that disagrees with a run folder of the same arm and seed, or a damaged one, is named
+    # in one line and nothing is rewritten.
+    from swax_lightning.study.sweep import load_runs, main
+
+    records = tmp_path / "records"
+    _finished_run(tmp_path / "first/study/w_long-s0", 30.0)
+    first = load_runs(tmp_path / "first/study", records)
+    assert list(first) == [("w_long", 0)] and first[("w_long", 0)]["at_other_windows"][2]["settings"]["window"] == 2
+    _finished_run(tmp_path / "second/study/w_long-s1", 40.0)
+    both = load_runs(tmp_path / "second/study", records)
+    assert sorted(both) == [("w_long", 0), ("w_long", 1)]
+    assert both[("w_long", 0)] == first[("w_long", 0)]  # the record gives back the run as collected
+    assert load_runs(tmp_path / "nowhere", records) == both
+
+    kept = (records / "w_long-s1.json").read_text()
+    _finished_run(tmp_path / "third/study/w_long-s1", 41.0)
+    with pytest.raises(SystemExit) as stop:
+        main(["collect", str(tmp_path / "third/study"), "--records", str(records)])
+    error = capsys.readouterr().err
+    assert stop.value.code == 2 and error.count("\n") == 1 and "third/study/w_long-s1 and " in error, error
+    assert f"{records / 'w_long-s1.json'} hold different results" in error
+    assert (records / "w_long-s1.json").read_text() == kept
+
+    (records / "w_long-s0.json").write_text('{"results": ')
+    with pytest.raises(ValueError, match=r"w_long-s0.json is corrupt .*git checkout"):
+        load_runs(tmp_path / "nowhere", records)
 
 
 def test_compare_flags_a_cell_where_one_sweeps_mean_leaves_the_others_seed_range():

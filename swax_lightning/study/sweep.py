@@ -4,6 +4,7 @@
     python -m swax_lightning study run configs/study --seeds 0 -- --trainer.max_steps 20   # extra main.py options
     python -m swax_lightning study collect runs/study           # table + plots from what has finished
     python -m swax_lightning study compare runs/study other/study   # two sweeps side by side, where they differ
+    python -m swax_lightning study run configs/study --seeds 1 --records docs/study/records   # a study kept in git
 
 An arm is a config file of the folder (every .yaml except those starting with "_", which hold the shared settings
 the arms extend). Each (arm, seed) is one run, `runs/<folder name>/<arm file name>-s<seed>/`: `main.py fit` with
@@ -26,6 +27,11 @@ Decisions:
   span copying, NIAH, answer loss by distance, the test split's loss and bits per byte), the TensorBoard scalar
   val/loss (last validation of fit), and environment.json, so `collect` needs no state of its own. The arm's own
   window is tested last, so that its test figures are also the last in TensorBoard.
+- A study longer than one machine's life (five seeds at two hours each) keeps its finished runs as records:
+  `--records DIR` writes one JSON per finished run, `<arm>-s<seed>.json` (what `collect` reads from its folder:
+  results.json at every window, the TensorBoard scalars, environment.json), and reads back the records already
+  there, so a report can join runs that trained in different checkouts. A record and a run folder of the same arm
+  and seed that disagree stop the command with both named (one of them is not the run the other says it is).
 - Report (in runs/<experiment>/): study.md, the arms' MQAR accuracy and value loss per gap and span-copy accuracy
   per length (mean over seeds, lowest to highest seed), each windowed arm at its own and the other windows, the
   paper's claims read seed by seed (claims.py: k of n seeds, paired bootstrap intervals, a verdict each), the
@@ -48,8 +54,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from swax_lightning.core.atomic import read_json, write_json
 from swax_lightning.core.config_files import merged_config
 from swax_lightning.core.environment import ENVIRONMENT_FILE
+from swax_lightning.core.errors import InputError, usage_errors_reported
 from swax_lightning.study.claims import claims, copy_inside, mqar_beyond
 from swax_lightning.training.runs import run_dir
 
@@ -147,10 +155,47 @@ def _scalars(folder: Path) -> dict:
     return out
 
 
-def load_runs(experiment_dir: Path) -> dict:
+def load_runs(experiment_dir: Path, records: Path | None = None) -> dict:
     """(arm, seed) -> {"results", "val/loss", "test/loss", "test/bpb", "at_other_windows" ({window: results}),
     "environment"} of every finished run of a sweep (the test figures from results.json where it has them, else
-    from TensorBoard)."""
+    from TensorBoard), and of every record in `records`, where the sweep's runs are then also recorded."""
+    runs = _finished_runs(experiment_dir)
+    if records is not None:
+        kept = load_records(records)
+        for key in runs.keys() & kept.keys():
+            if _canonical(runs[key]) != _canonical(kept[key]):
+                raise InputError(f"{experiment_dir / f'{key[0]}-s{key[1]}'} and {_record_path(records, *key)} "
+                                 "hold different results for the same arm and seed: remove the one that is wrong")
+        for (arm, seed), run in runs.items():
+            write_json(_record_path(records, arm, seed), run)
+        runs = kept | runs
+    if not runs:
+        raise FileNotFoundError(f"no finished runs (…-s<seed>/eval/results.json) in {experiment_dir}"
+                                + (f" and no records (<arm>-s<seed>.json) in {records}" if records else ""))
+    return runs
+
+
+def _record_path(records: Path, arm: str, seed: int) -> Path:
+    return records / f"{arm}-s{seed}.json"
+
+
+def load_records(records: Path) -> dict:
+    """The runs kept in a records folder, as load_runs gives them (JSON's string keys of at_other_windows made
+    windows again)."""
+    runs = {}
+    for path in sorted(records.glob("*-s*.json")):
+        arm, seed = path.stem.rsplit("-s", 1)
+        run = read_json(path, "restore it (git checkout) or remove it and run that arm and seed again")
+        run["at_other_windows"] = {int(window): results for window, results in run["at_other_windows"].items()}
+        runs[(arm, int(seed))] = run
+    return runs
+
+
+def _canonical(run: dict) -> str:
+    return json.dumps(run, sort_keys=True)  # windows as strings, as in a record
+
+
+def _finished_runs(experiment_dir: Path) -> dict:
     runs = {}
     for results in sorted(experiment_dir.glob("*-s*/eval/results.json")):
         folder = results.parent.parent
@@ -162,13 +207,12 @@ def load_runs(experiment_dir: Path) -> dict:
         runs[(arm, int(seed))] = {"results": loaded, **_scalars(folder), **loaded.get("test_split", {}),
                                   "at_other_windows": others,
                                   "environment": json.loads(environment.read_text()) if environment.is_file() else {}}
-    if not runs:
-        raise FileNotFoundError(f"no finished runs (…-s<seed>/eval/results.json) in {experiment_dir}")
     return runs
 
 
-def collect(experiment_dir: Path) -> str:
-    runs = load_runs(experiment_dir)
+def collect(experiment_dir: Path, records: Path | None = None) -> str:
+    runs = load_runs(experiment_dir, records)
+    experiment_dir.mkdir(parents=True, exist_ok=True)
     text = report(runs)
     (experiment_dir / "study.md").write_text(text)
     _plots(runs, experiment_dir)
@@ -494,19 +538,27 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("--jobs", type=int, default=1, help="runs side by side (e.g. the number of cores / threads)")
     col = sub.add_parser("collect", help="table and plots of the finished runs")
     col.add_argument("experiment_dir", type=Path, help="e.g. runs/study")
+    for command in (run, col):
+        command.add_argument("--records", type=Path, help="a folder that keeps every finished run as a JSON record "
+                             "(e.g. docs/study/records, in git); its records join the report")
     cmp = sub.add_parser("compare", help="two sweeps' MQAR accuracy side by side, and where they differ")
     cmp.add_argument("first", type=Path, help="e.g. runs/study")
     cmp.add_argument("second", type=Path, help="e.g. the same study's sweep on another machine")
     args = parser.parse_args(argv)
+    with usage_errors_reported():  # a missing folder, a damaged or contradicted record: one line
+        _run_command(args, extra, parser)
+
+
+def _run_command(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentParser) -> None:
     if args.command == "compare":
         print(compare(load_runs(args.first), load_runs(args.second)))
         return
     if args.command == "collect":
-        print(collect(args.experiment_dir))
+        print(collect(args.experiment_dir, args.records))
         return
     if args.threads < 1 or args.jobs < 1:
         parser.error(f"--threads and --jobs must be >= 1 (got {args.threads}, {args.jobs})")
-    print(collect(run_all(args.folder, args.seeds, args.save_dir, extra, args.threads, args.jobs)))
+    print(collect(run_all(args.folder, args.seeds, args.save_dir, extra, args.threads, args.jobs), args.records))
 
 
 if __name__ == "__main__":
