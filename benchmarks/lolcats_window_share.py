@@ -77,7 +77,7 @@ def measure(ckpt: str, lengths: list[int], task: str) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint")
-    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
     parser.add_argument("--task", default="niah_single_2")
     args = parser.parse_args()
     rows = measure(args.checkpoint, args.lengths, args.task)
