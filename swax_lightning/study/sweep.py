@@ -166,8 +166,8 @@ def load_runs(experiment_dir: Path, records: Path | None = None) -> dict:
             if _canonical(runs[key]) != _canonical(kept[key]):
                 raise InputError(f"{experiment_dir / f'{key[0]}-s{key[1]}'} and {_record_path(records, *key)} "
                                  "hold different results for the same arm and seed: remove the one that is wrong")
-        for (arm, seed), run in runs.items():
-            write_json(_record_path(records, arm, seed), run)
+        for arm, seed in runs.keys() - kept.keys():  # a kept record equals its run (checked above): left as it is
+            write_json(_record_path(records, arm, seed), runs[(arm, seed)])
         runs = kept | runs
     if not runs:
         raise FileNotFoundError(f"no finished runs (…-s<seed>/eval/results.json) in {experiment_dir}"
