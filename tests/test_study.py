@@ -65,6 +65,11 @@ def test_the_study_command_trains_evaluates_collects_and_resumes(tmp_path):
                                   timeout=300)
     assert from_records.returncode == 0, from_records.stderr[-3000:]
     assert (elsewhere / "study/study.md").read_text() == (out / "study.md").read_text()
+    # ... and the same command there trains none of the runs its records keep.
+    kept = subprocess.run([*cmd[:cmd.index("--save_dir") + 1], str(elsewhere), *cmd[cmd.index("--save_dir") + 2:]],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert kept.returncode == 0 and kept.stdout.count("kept in ") == 4, kept.stdout[-2000:]
+    assert not list((elsewhere / "study").glob("*-s*")) and "main.py fit" not in kept.stdout
 
 
 def _scalar_tags(run: Path) -> set[str]:
@@ -191,6 +196,30 @@ def test_records_keep_finished_runs_across_checkouts_and_refuse_a_contradiction(
     (records / "w_long-s0.json").write_text('{"results": ')
     with pytest.raises(ValueError, match=r"w_long-s0.json is corrupt .*git checkout"):
         load_runs(tmp_path / "nowhere", records)
+
+
+def test_a_run_is_kept_as_it_finishes_so_a_later_failure_loses_none(tmp_path, monkeypatch):
+    # The study's commands faked: seed 0 "trains" (its test writes the results), seed 1's fit fails. The study stops
+    # with that error, and seed 0's record is already there.
+    from swax_lightning.study import sweep
+
+    def fake_main(subcommand, config, seed, save_dir, extra, threads, *more):
+        if seed == 1:
+            raise RuntimeError("fit of seed 1 failed")
+        folder = sweep.arm_run_dir(config, seed, save_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        if subcommand == "test" and "--eval.output_dir" not in more:
+            _finished_run(folder, 30.0)
+
+    study = tmp_path / "study"
+    study.mkdir()
+    shutil.copy(ROOT / "configs/study/xlstm.yaml", study)  # a control: tested at its own window only
+    shutil.copy(ROOT / "configs/study/_base.yaml", study)
+    monkeypatch.setattr(sweep, "_main", fake_main)
+    with pytest.raises(RuntimeError, match="seed 1 failed"):
+        sweep.run_all(study, [0, 1], tmp_path / "runs", [], 1, 1, tmp_path / "records")
+    assert [p.name for p in (tmp_path / "records").iterdir()] == ["xlstm-s0.json"]
+    assert sweep.load_records(tmp_path / "records")[("xlstm", 0)]["results"]["mqar"]["gaps"][0]["accuracy"] == 30.0
 
 
 def test_compare_flags_a_cell_where_one_sweeps_mean_leaves_the_others_seed_range():

@@ -28,10 +28,11 @@ Decisions:
   val/loss (last validation of fit), and environment.json, so `collect` needs no state of its own. The arm's own
   window is tested last, so that its test figures are also the last in TensorBoard.
 - A study longer than one machine's life (five seeds at two hours each) keeps its finished runs as records:
-  `--records DIR` writes one JSON per finished run, `<arm>-s<seed>.json` (what `collect` reads from its folder:
-  results.json at every window, the TensorBoard scalars, environment.json), and reads back the records already
-  there, so a report can join runs that trained in different checkouts. A record and a run folder of the same arm
-  and seed that disagree stop the command with both named (one of them is not the run the other says it is).
+  `--records DIR` writes one JSON per run as soon as it finishes, `<arm>-s<seed>.json` (what `collect` reads from
+  its folder: results.json at every window, the TensorBoard scalars, environment.json); a run kept there is not
+  trained again, and the report joins the records, so one study can train in several checkouts. A record and a
+  run folder of the same arm and seed that disagree stop the command with both named (one of them is not the run
+  the other says it is).
 - Report (in runs/<experiment>/): study.md, the arms' MQAR accuracy and value loss per gap and span-copy accuracy
   per length (mean over seeds, lowest to highest seed), each windowed arm at its own and the other windows, the
   paper's claims read seed by seed (claims.py: k of n seeds, paired bootstrap intervals, a verdict each), the
@@ -101,13 +102,17 @@ def other_windows(config: Path, windows: list[int]) -> list[int]:
 
 
 def run_one(config: Path, seed: int, save_dir: Path, extra: list[str], threads: int = 1,
-            windows: list[int] = ()) -> str:
+            windows: list[int] = (), records: Path | None = None) -> str:
     """Fit (resuming), then `main.py test` at each of `windows` (into eval_w<W>/) and last at the arm's own
     evaluation window (eval/, whose results.json marks the run done; last, so that its test figures are the last
-    ones in TensorBoard)."""
+    ones in TensorBoard). With `records`: a run kept there is not trained again, and a run that finishes is kept
+    there at once (a study stopped later, or failing in another run, loses no finished run)."""
     folder = arm_run_dir(config, seed, save_dir)
+    record = records / f"{folder.name}.json" if records else None
     if (folder / "eval/results.json").is_file():
         return "done before"
+    if record and record.is_file():
+        return f"kept in {record}"
     ckpt, fitted = folder / "checkpoints/last.ckpt", folder / "fit.done"
     if not fitted.is_file():  # resume from the last checkpoint, or start again over a run stopped before its first
         _main("fit", config, seed, save_dir, extra, threads, *(["--ckpt_path", str(ckpt)] if ckpt.exists() else
@@ -118,17 +123,20 @@ def run_one(config: Path, seed: int, save_dir: Path, extra: list[str], threads: 
             _main("test", config, seed, save_dir, extra, threads, "--ckpt_path", str(ckpt), "--window.eval_window",
                   str(window), "--eval.output_dir", str(folder / f"eval_w{window}"))
     _main("test", config, seed, save_dir, extra, threads, "--ckpt_path", str(ckpt))
+    if record:
+        keep(_finished_run(folder), record, folder)
     return "trained and evaluated"
 
 
-def run_all(folder: Path, seeds: list[int], save_dir: Path, extra: list[str], threads: int, jobs: int) -> Path:
-    """Every arm x seed, `jobs` at a time; returns the experiment folder."""
+def run_all(folder: Path, seeds: list[int], save_dir: Path, extra: list[str], threads: int, jobs: int,
+            records: Path | None = None) -> Path:
+    """Every arm x seed, `jobs` at a time (those kept in `records` not again); returns the experiment folder."""
     start = time.monotonic()
     runs = [(config, seed) for config in arm_files(folder) for seed in seeds]
     windows = study_windows(folder)
 
     def one(run: tuple[Path, int]) -> None:
-        status = run_one(*run, save_dir, extra, threads, other_windows(run[0], windows))
+        status = run_one(*run, save_dir, extra, threads, other_windows(run[0], windows), records)
         print(f"[{time.monotonic() - start:7.0f} s] {arm_run_dir(*run, save_dir)}: {status}", flush=True)
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -159,20 +167,26 @@ def load_runs(experiment_dir: Path, records: Path | None = None) -> dict:
     """(arm, seed) -> {"results", "val/loss", "test/loss", "test/bpb", "at_other_windows" ({window: results}),
     "environment"} of every finished run of a sweep (the test figures from results.json where it has them, else
     from TensorBoard), and of every record in `records`, where the sweep's runs are then also recorded."""
-    runs = _finished_runs(experiment_dir)
+    runs = {_arm_and_seed(folder): _finished_run(folder)
+            for folder in sorted(path.parent.parent for path in experiment_dir.glob("*-s*/eval/results.json"))}
     if records is not None:
-        kept = load_records(records)
-        for key in runs.keys() & kept.keys():
-            if _canonical(runs[key]) != _canonical(kept[key]):
-                raise InputError(f"{experiment_dir / f'{key[0]}-s{key[1]}'} and {_record_path(records, *key)} "
-                                 "hold different results for the same arm and seed: remove the one that is wrong")
-        for arm, seed in runs.keys() - kept.keys():  # a kept record equals its run (checked above): left as it is
-            write_json(_record_path(records, arm, seed), runs[(arm, seed)])
-        runs = kept | runs
+        for (arm, seed), run in runs.items():
+            keep(run, _record_path(records, arm, seed), experiment_dir / f"{arm}-s{seed}")
+        runs = load_records(records) | runs
     if not runs:
         raise FileNotFoundError(f"no finished runs (…-s<seed>/eval/results.json) in {experiment_dir}"
                                 + (f" and no records (<arm>-s<seed>.json) in {records}" if records else ""))
     return runs
+
+
+def keep(run: dict, record: Path, folder: Path) -> None:
+    """Write the run's record, unless one is there: then it must hold the same results (nothing is rewritten)."""
+    if not record.is_file():
+        write_json(record, run)
+    elif _canonical(run) != _canonical(read_json(record, "restore it (git checkout) or remove it and run that arm "
+                                                          "and seed again")):
+        raise InputError(f"{folder} and {record} hold different results for the same arm and seed: remove the one "
+                         "that is wrong")
 
 
 def _record_path(records: Path, arm: str, seed: int) -> Path:
@@ -195,19 +209,19 @@ def _canonical(run: dict) -> str:
     return json.dumps(run, sort_keys=True)  # windows as strings, as in a record
 
 
-def _finished_runs(experiment_dir: Path) -> dict:
-    runs = {}
-    for results in sorted(experiment_dir.glob("*-s*/eval/results.json")):
-        folder = results.parent.parent
-        arm, seed = folder.name.rsplit("-s", 1)
-        environment = folder / ENVIRONMENT_FILE
-        loaded = json.loads(results.read_text())
-        others = {int(match[1]): json.loads(other.read_text()) for other in sorted(folder.glob("eval_w*/results.json"))
-                  if (match := re.fullmatch(r"eval_w(\d+)", other.parent.name))}
-        runs[(arm, int(seed))] = {"results": loaded, **_scalars(folder), **loaded.get("test_split", {}),
-                                  "at_other_windows": others,
-                                  "environment": json.loads(environment.read_text()) if environment.is_file() else {}}
-    return runs
+def _arm_and_seed(folder: Path) -> tuple[str, int]:
+    arm, seed = folder.name.rsplit("-s", 1)
+    return arm, int(seed)
+
+
+def _finished_run(folder: Path) -> dict:
+    """What `collect` reads of one finished run folder (its record)."""
+    results = json.loads((folder / "eval/results.json").read_text())
+    others = {int(match[1]): json.loads(other.read_text()) for other in sorted(folder.glob("eval_w*/results.json"))
+              if (match := re.fullmatch(r"eval_w(\d+)", other.parent.name))}
+    environment = folder / ENVIRONMENT_FILE
+    return {"results": results, **_scalars(folder), **results.get("test_split", {}), "at_other_windows": others,
+            "environment": json.loads(environment.read_text()) if environment.is_file() else {}}
 
 
 def collect(experiment_dir: Path, records: Path | None = None) -> str:
@@ -558,7 +572,8 @@ def _run_command(args: argparse.Namespace, extra: list[str], parser: argparse.Ar
         return
     if args.threads < 1 or args.jobs < 1:
         parser.error(f"--threads and --jobs must be >= 1 (got {args.threads}, {args.jobs})")
-    print(collect(run_all(args.folder, args.seeds, args.save_dir, extra, args.threads, args.jobs), args.records))
+    print(collect(run_all(args.folder, args.seeds, args.save_dir, extra, args.threads, args.jobs, args.records),
+                  args.records))
 
 
 if __name__ == "__main__":
