@@ -546,7 +546,8 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train and evaluate every arm x seed (skipping finished runs), then collect")
     run.add_argument("folder", type=Path, help="folder of arm files, e.g. configs/study")
-    run.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    run.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4],
+                     help="the runs' seeds (weights, data order, episodes, window schedule); the design asks for 5")
     run.add_argument("--save_dir", type=Path, default=Path("runs"))
     run.add_argument("--threads", type=int, default=1, help="intra-op threads of every run (the same on any machine)")
     run.add_argument("--jobs", type=int, default=1, help="runs side by side (e.g. the number of cores / threads)")
