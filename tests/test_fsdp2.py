@@ -21,12 +21,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from swax_lightning.model.config import ModelConfig
 from swax_lightning.training.parallel import build_local, build_sharded, fsdp_mesh, mixed_precision_policy
 from swax_lightning.training.strategy import FSDP2Strategy, mesh_shape
+from tests.gloo_ranks import run_on_two_ranks
 
 CFG = ModelConfig(vocab_size=40, d_model=32, n_layers=4, n_heads=2, mlstm_heads=2, chunk_size=8, window=4,
                   pattern="SX")
@@ -42,11 +41,9 @@ def _full(tensor):
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
-def _worker(rank, port, idx, out):
+def _worker(rank, idx, out):
     from torch.distributed.device_mesh import init_device_mesh
 
-    os.environ |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    dist.init_process_group("gloo", rank=rank, world_size=2)
     mesh = init_device_mesh("cpu", (2,))
     cpu = torch.device("cpu")
     result = {}
@@ -68,14 +65,14 @@ def _worker(rank, port, idx, out):
                       "grads": {n: _full(p.grad).float() for n, p in bf16.named_parameters()}}
     if rank == 0:
         torch.save(result, out)
-    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
 def sharded(tmp_path_factory):
     idx = torch.randint(0, 40, (2, 20), generator=torch.Generator().manual_seed(1))
-    out = tmp_path_factory.mktemp("fsdp2") / "result.pt"
-    mp.start_processes(_worker, args=(29517, idx, str(out)), nprocs=2, start_method="spawn")
+    folder = tmp_path_factory.mktemp("fsdp2")
+    out = folder / "result.pt"
+    run_on_two_ranks(_worker, (idx, str(out)), folder)
     return idx, torch.load(out, weights_only=False)
 
 

@@ -1,0 +1,24 @@
+"""Two CPU processes joined in one gloo process group, for the FSDP2 tests.
+
+They meet through a file (no fixed TCP port another process could hold, no store server to vanish while the other
+rank still talks to it), and both pass a barrier before the group is destroyed, so neither tears it down while the
+other still uses it: with a fixed port and no barrier, one full CI run saw a rank abort at shutdown (SIGABRT,
+"terminate called without an active exception") where its test passes alone.
+"""
+from pathlib import Path
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def run_on_two_ranks(fn, args: tuple, folder: Path) -> None:
+    """`fn(rank, *args)` on ranks 0 and 1 (spawned: `fn` must be a module-level function)."""
+    rendezvous = folder / "rendezvous"  # FileStore makes it, and removes it when both are done
+    mp.start_processes(_rank, args=(fn, args, str(rendezvous)), nprocs=2, start_method="spawn")
+
+
+def _rank(rank: int, fn, args: tuple, rendezvous: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2)
+    fn(rank, *args)
+    dist.barrier()
+    dist.destroy_process_group()
