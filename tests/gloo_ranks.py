@@ -2,8 +2,9 @@
 
 They meet through a file (no fixed TCP port another process could hold, no store server to vanish while the other
 rank still talks to it), and both pass a barrier before the group is destroyed, so neither tears it down while the
-other still uses it: with a fixed port and no barrier, one full CI run saw a rank abort at shutdown (SIGABRT,
-"terminate called without an active exception") where its test passes alone.
+other still uses it. With a fixed port and no barrier, one full CI run (2026-12-06) saw rank 1 abort during the
+launch (SIGABRT, "terminate called without an active exception") where the test passes alone, 11 times in a row;
+the cause was not found, and these remove the two races it could come from.
 """
 from pathlib import Path
 
