@@ -108,7 +108,7 @@ def run_one(config: Path, seed: int, save_dir: Path, extra: list[str], threads: 
     ones in TensorBoard). With `records`: a run kept there is not trained again, and a run that finishes is kept
     there at once (a study stopped later, or failing in another run, loses no finished run)."""
     folder = arm_run_dir(config, seed, save_dir)
-    record = records / f"{folder.name}.json" if records else None
+    record = _record_path(records, folder) if records else None
     if (folder / "eval/results.json").is_file():
         return "done before"
     if record and record.is_file():
@@ -167,11 +167,11 @@ def load_runs(experiment_dir: Path, records: Path | None = None) -> dict:
     """(arm, seed) -> {"results", "val/loss", "test/loss", "test/bpb", "at_other_windows" ({window: results}),
     "environment"} of every finished run of a sweep (the test figures from results.json where it has them, else
     from TensorBoard), and of every record in `records`, where the sweep's runs are then also recorded."""
-    runs = {_arm_and_seed(folder): _finished_run(folder)
-            for folder in sorted(path.parent.parent for path in experiment_dir.glob("*-s*/eval/results.json"))}
+    finished = sorted(path.parent.parent for path in experiment_dir.glob("*-s*/eval/results.json"))
+    runs = {_arm_and_seed(folder): _finished_run(folder) for folder in finished}
     if records is not None:
-        for (arm, seed), run in runs.items():
-            keep(run, _record_path(records, arm, seed), experiment_dir / f"{arm}-s{seed}")
+        for folder in finished:
+            keep(runs[_arm_and_seed(folder)], _record_path(records, folder), folder)
         runs = load_records(records) | runs
     if not runs:
         raise FileNotFoundError(f"no finished runs (…-s<seed>/eval/results.json) in {experiment_dir}"
@@ -189,8 +189,9 @@ def keep(run: dict, record: Path, folder: Path) -> None:
                          "that is wrong")
 
 
-def _record_path(records: Path, arm: str, seed: int) -> Path:
-    return records / f"{arm}-s{seed}.json"
+def _record_path(records: Path, folder: Path) -> Path:
+    """Where a run folder (<arm>-s<seed>) is kept in a records folder."""
+    return records / f"{folder.name}.json"
 
 
 def load_records(records: Path) -> dict:
