@@ -198,6 +198,17 @@ def test_records_keep_finished_runs_across_checkouts_and_refuse_a_contradiction(
         load_runs(tmp_path / "nowhere", records)
 
 
+def test_the_report_in_the_docs_is_what_the_committed_records_give(tmp_path):
+    # docs/study/kept_report.md is the report a reader sees of the kept runs: the user's command on the records alone
+    # (no run folder) must give it back to the character, so a record added without its report, or a report edited by
+    # hand, fails here.
+    collected = subprocess.run([sys.executable, "-m", "swax_lightning", "study", "collect", str(tmp_path / "study"),
+                                "--records", str(ROOT / "docs/study/records")], cwd=ROOT, capture_output=True,
+                               text=True, timeout=300)
+    assert collected.returncode == 0, collected.stderr[-3000:]
+    assert (tmp_path / "study/study.md").read_text() == (ROOT / "docs/study/kept_report.md").read_text()
+
+
 def test_a_run_is_kept_as_it_finishes_so_a_later_failure_loses_none(tmp_path, monkeypatch):
     # The study's commands faked: seed 0 "trains" (its test writes the results), seed 1's fit fails. The study stops
     # with that error, and seed 0's record is already there.
