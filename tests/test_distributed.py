@@ -15,6 +15,9 @@ checkpoint with limit_val_batches = 16 x K (what the per-rank limit covers: here
 the 2-rank distributed checkpoint on 3 ranks, without a test limit (the test split's 56 batches: 19 per rank, one of
 them padding), scores the test loss and the suite of a 1-process run on its consolidated file.
 
+Leaving. Ranks that leave right after their last collective while rank 0 goes on (the evaluation suite) end with
+code 0 (tests/gloo_leave.py, through FSDP2Strategy's teardown pause).
+
 No hang. A rank that runs one forward more than the others at the end of a validation (what the uneven split did)
 ends every rank with one line naming it and the phase, once collective_timeout passes; SIGTERM to rank 0 of such a
 hung run ends every rank with one line. torchrun with fewer processes than devices is one line per rank.
@@ -341,6 +344,27 @@ def test_consolidated_checkpoint_loads_in_generate_and_resumes_one_process(tmp_p
                     "--ckpt_path", str(consolidated)])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert sorted(read_records(tmp_path / "records")[0]["steps"]) == [STEPS, STEPS + 1]
+
+
+# ---- a rank leaves cleanly -----------------------------------------------------------------------------------------
+def test_ranks_leaving_right_after_a_collective_end_with_code_0():
+    """tests/gloo_leave.py: 3 gloo ranks over a device mesh; two leave right after their last collective while rank
+    0 computes, through FSDP2Strategy's teardown pause (let_collectives_go). Every rank ends with code 0 in 12 rounds;
+    without the pause, 11 of 60 rounds saw a rank abort at interpreter shutdown (watchdog.py)."""
+    done = subprocess.run([sys.executable, str(ROOT / "tests/gloo_leave.py"), "--rounds", "12"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert done.returncode == 0 and done.stdout.splitlines() == ["0 of 12 rounds failed"], done.stdout + done.stderr
+
+
+def test_the_strategy_pauses_at_teardown(monkeypatch):
+    """The pause is in the path every FSDP2 run takes: FSDP2Strategy.teardown ends with it."""
+    from swax_lightning.training import strategy
+
+    paused = []
+    monkeypatch.setattr(strategy, "let_collectives_go", lambda: paused.append(True))
+    monkeypatch.setattr(strategy.ModelParallelStrategy, "teardown", lambda self: None)
+    strategy.FSDP2Strategy().teardown()
+    assert paused == [True]
 
 
 # ---- no rank waits forever -----------------------------------------------------------------------------------------

@@ -29,6 +29,8 @@ Decisions:
   collective.
 - Start-up refuses a launch that would wait for ranks that never come (`check_launch`): devices x num_nodes that
   differ from the processes torchrun or SLURM started, and num_nodes > 1 with nothing that starts the other nodes.
+- Teardown ends with a short pause (watchdog.let_collectives_go), so that a rank leaving right after its last
+  collective does not abort at interpreter shutdown.
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ from typing import Literal
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.strategies import ModelParallelStrategy, ParallelStrategy, StrategyRegistry
 
-from swax_lightning.training.watchdog import Watchdog, collective_failure
+from swax_lightning.training.watchdog import Watchdog, collective_failure, let_collectives_go
 
 DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
 PROCESS_GROUP_MARGIN_S = 60.0  # the process group's timeout is the watchdog's plus this: the watchdog speaks first
@@ -200,6 +202,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         if self.watchdog is not None:
             self.watchdog.rest("teardown")
         super().teardown()
+        let_collectives_go()
 
 
 def _beating(name: str):

@@ -28,6 +28,14 @@ Decisions:
 - A collective that fails instead of hanging (gloo sees the connection to a rank that ended close; NCCL raises
   DistError) is the same event seen from another rank: FSDP2Strategy.on_exception ends that rank with one line too
   (`collective_failure` tells such errors from bugs, which keep their traceback).
+- Leaving cleanly: FSDP2Strategy's teardown ends with a pause of RELEASE_WAIT_S, the GIL free
+  (`let_collectives_go`), so that the process group's worker threads drop the tensors of the last collectives while
+  the interpreter can still take them. The device mesh and FSDP's state keep the group alive past Lightning's
+  destroy_process_group, so its workers outlive it; one that drops a finished collective's Python tensors during
+  interpreter shutdown asks for the GIL then, and the process aborts (SIGABRT, "terminate called without an active
+  exception"; torch 2.13 on Python 3.11, an open upstream bug, pytorch/pytorch#190489). A CI run saw it on a test
+  rank leaving right after the evaluation gather (3 gloo ranks on 2 cores, rank 0 in the suite); tests/gloo_leave.py
+  shows it without the pause.
 """
 from __future__ import annotations
 
@@ -40,6 +48,7 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
+RELEASE_WAIT_S = 0.5  # the pause before a rank leaves, for the process group's workers (module docstring)
 POLL_S = 1.0  # how often the thread looks at the clock; a timeout fires at most this late
 SIGTERM_STATUS = 128 + signal.SIGTERM
 _forked_children_forget_wakeup = False
@@ -128,3 +137,9 @@ def _forget_wakeup_fd() -> None:
         signal.set_wakeup_fd(-1)
     except ValueError:  # forked from another thread than the main one: that child is not a Python main program
         pass
+
+
+def let_collectives_go(seconds: float = RELEASE_WAIT_S) -> None:
+    """Before a rank leaves: sleep (the GIL free) while the process group's worker threads let go of the finished
+    collectives' tensors, which they can only do before interpreter shutdown (module docstring)."""
+    time.sleep(seconds)
