@@ -36,8 +36,7 @@ Decisions:
   exception"; torch 2.13 on Python 3.11, an open upstream bug, pytorch/pytorch#190489). A CI run saw it on a test
   rank leaving right after the evaluation gather (3 gloo ranks on 2 cores, rank 0 in the suite). A pause makes the
   release all but certain, not certain: nothing tells when the workers are done, and only dropping every reference to
-  the group (the model's included) would join them. tests/gloo_leave.py: 11 of 60 rounds saw a rank abort without the
-  pause, 0 of 60 with it.
+  the group (the model's included) would join them. tests/gloo_leave.py measures it with and without the pause.
 """
 from __future__ import annotations
 
