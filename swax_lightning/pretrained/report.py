@@ -410,6 +410,7 @@ def convergence_plot(trained: dict[str, dict], folder: Path) -> None:
                                "relative MSE of the layer output"),
                               (right, "LoRA: held-out next-token loss (dashed: the teacher)", "loss (nats)")):
         ax.set_xscale("symlog", linthresh=one_step[ax])
+        ax.autoscale_view()  # the teacher's axhline left the x margins of a linear axis (down to -5% of the tokens)
         ax.set(title=title, xlabel="training tokens of the stage", ylabel=ylabel)
         ax.legend(fontsize=8)
     left.set_yscale("log")
